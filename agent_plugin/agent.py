@@ -1,0 +1,1096 @@
+"""The agent loop: call the model, gate and run the tools it asks for, repeat within budgets.
+
+One iteration of a run [reference §1.7]::
+
+    deadline? cancelled? budget left?  ->  truncate history, cap the output
+    before_model hooks  ->  model call  ->  after_model hooks
+    no tool calls       ->  record the answer, complete (or report token overshoot)
+    tool calls          ->  record them (one step), gate each with the policy,
+                            pause for approval, or run the round and append one tool message
+
+Budgets, truncation, the loop guard and the policy are small objects this module calls; the
+per-run state lives in :class:`_Run`, so one :class:`Agent` serves any number of concurrent runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Final, Literal, TypeVar
+
+from pydantic import JsonValue
+
+from agent_plugin.budget import Budget, estimate_message, truncate_history
+from agent_plugin.errors import AgentError
+from agent_plugin.events import (
+    AgentEvent,
+    ApprovalRequired,
+    ModelRequestStarted,
+    ModelResponded,
+    PendingApproval,
+    RetryScheduled,
+    RunEnded,
+    RunStarted,
+    TextDeltaEvent,
+    ThinkingDeltaEvent,
+    ToolCallDeltaEvent,
+    ToolFinished,
+    ToolStarted,
+    TurnEnded,
+    TurnStarted,
+)
+from agent_plugin.hooks import (
+    AgentHooks,
+    Block,
+    CancelRun,
+    Modify,
+    PauseRun,
+    RunControl,
+    ToolOutput,
+)
+from agent_plugin.ids import new_run_id
+from agent_plugin.loop_guard import LoopGuard, LoopTracker, Stop, Warn, warning_note
+from agent_plugin.messages import (
+    ChatMessage,
+    ContentPart,
+    Role,
+    TokenUsage,
+    ToolCall,
+    ToolCallPart,
+    ToolResult,
+    repair_transcript,
+    text_of,
+    tool_calls_of,
+)
+from agent_plugin.outcomes import (
+    AgentOutcome,
+    AgentTurn,
+    Allowed,
+    Approval,
+    ApprovalDecision,
+    AwaitingApproval,
+    BudgetExhausted,
+    Cancelled,
+    Completed,
+    Denied,
+    Edit,
+    Finished,
+    LoopDetected,
+    NeedsApproval,
+    Paused,
+    PendingCall,
+    Reject,
+    Rejected,
+    RunInfo,
+    RunState,
+)
+from agent_plugin.policy import AllowAll, Deny, RequireApproval, ToolPolicy
+from agent_plugin.providers.base import (
+    ChatRequest,
+    ChatResponse,
+    LlmClient,
+    StreamDone,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallStarted,
+)
+from agent_plugin.providers.retry import RetryNotice
+from agent_plugin.redaction import redact
+from agent_plugin.tools import (
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    ToolReturn,
+    canonical_json,
+    error_payload,
+    truncate_chars,
+)
+
+__all__ = ["Agent", "CancelToken", "EventSink"]
+
+EventSink = Callable[[AgentEvent], None]
+"""Receives every event of a run, synchronously, in order. Must not block."""
+
+T = TypeVar("T")
+
+CANCEL_GRACE: Final = 0.5
+"""Seconds running tools get to finish after a cancel before their outcome is 'unknown'."""
+
+_DEADLINE_PAYLOAD: Final = "the tool did not finish before the run deadline"
+_UNKNOWN_PAYLOAD: Final = (
+    "the run was cancelled while this call was running; whether it completed, and what it "
+    "changed, is unknown"
+)
+_NOT_RUN_PAYLOAD: Final = "the run was cancelled before this call ran"
+
+
+class CancelToken:
+    """Cancels a run from outside: ``token.cancel()``; the run ends ``cancelled``.
+
+    The loop checks the token before every model request, races it against model calls and
+    tool rounds, and never records a partial assistant message.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.reason = "cancelled"
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+class _RunCancelled(Exception):
+    pass
+
+
+class _DeadlinePassed(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """A call that passed every gate and hook and will be executed."""
+
+    tool: Tool
+    call: ToolCall
+
+
+class Agent:
+    """A configured agent. Reusable and safe to share: every run keeps its own state.
+
+    ``max_steps`` counts tool rounds (the final answer is free); ``max_tokens`` bounds the
+    provider-reported usage of the run; ``max_duration`` is a wall-clock limit per run and per
+    resume. Budget exhaustion, loops, approval pauses and cancellation are outcomes; provider
+    failures and bad resume decisions raise :class:`AgentError`.
+    """
+
+    def __init__(
+        self,
+        model: LlmClient,
+        *,
+        tools: Iterable[Tool] = (),
+        system_prompt: str | None = None,
+        max_steps: int = 10,
+        max_tokens: int = 32_000,
+        per_tool_output_limit: int = 8000,
+        temperature: float | None = None,
+        hooks: Iterable[AgentHooks] = (),
+        policy: ToolPolicy | None = None,
+        loop_guard: LoopGuard | None = None,
+        max_duration: float | timedelta | None = None,
+        parallel_tool_calls: bool = True,
+    ) -> None:
+        if max_steps < 1:
+            raise AgentError.config(f"max_steps must be at least 1, got {max_steps}")
+        if max_tokens < 1:
+            raise AgentError.config(f"max_tokens must be at least 1, got {max_tokens}")
+        if per_tool_output_limit < 1:
+            raise AgentError.config(
+                f"per_tool_output_limit must be at least 1, got {per_tool_output_limit}"
+            )
+        if isinstance(max_duration, timedelta):
+            max_duration = max_duration.total_seconds()
+        if max_duration is not None and max_duration <= 0:
+            raise AgentError.config(f"max_duration must be positive, got {max_duration}")
+        self.model = model
+        self.tools = ToolRegistry(tools)
+        self.system_prompt = system_prompt
+        self.budget = Budget(max_steps=max_steps, max_tokens=max_tokens)
+        self.per_tool_output_limit = per_tool_output_limit
+        self.temperature = temperature
+        self.hooks = list(hooks)
+        self.policy: ToolPolicy = policy if policy is not None else AllowAll()
+        self.loop_guard = loop_guard if loop_guard is not None else LoopGuard()
+        self.max_duration = max_duration
+        self.parallel_tool_calls = parallel_tool_calls
+
+    def __repr__(self) -> str:
+        return (
+            f"Agent(model={self.model.provider_name!r}, tools={self.tools.names()!r}, "
+            f"max_steps={self.budget.max_steps}, max_tokens={self.budget.max_tokens})"
+        )
+
+    # --- entry points ----------------------------------------------------------------------
+
+    async def run(
+        self,
+        prompt: str | ChatMessage,
+        *,
+        run_id: str | None = None,
+        session_id: str | None = None,
+        cancel: CancelToken | None = None,
+        on_event: EventSink | None = None,
+    ) -> AgentOutcome:
+        """Run one task from scratch and return its outcome."""
+        turn = await self.run_turn(
+            [], prompt, run_id=run_id, session_id=session_id, cancel=cancel, on_event=on_event
+        )
+        return turn.outcome
+
+    async def run_turn(
+        self,
+        history: Sequence[ChatMessage],
+        prompt: str | ChatMessage,
+        *,
+        run_id: str | None = None,
+        session_id: str | None = None,
+        cancel: CancelToken | None = None,
+        on_event: EventSink | None = None,
+        stream: bool = False,
+    ) -> AgentTurn:
+        """Continue a transcript with a new user message.
+
+        System messages in ``history`` are dropped (the agent supplies its own), and a
+        transcript with unanswered calls or stray results is repaired first.
+        """
+        message = ChatMessage.user(prompt) if isinstance(prompt, str) else prompt
+        if message.role is not Role.USER:
+            raise AgentError.config(f"a prompt must be a user message, got {message.role.value}")
+        run = _Run(
+            self,
+            run_id=run_id or new_run_id(),
+            session_id=session_id,
+            messages=[*repair_transcript(list(history)), message],
+            usage=TokenUsage(),
+            steps_used=0,
+            tracker=self.loop_guard.tracker(),
+            cancel=cancel,
+            emit=on_event,
+            streaming=stream,
+        )
+        return await run.execute(run.drive(), resumed=False)
+
+    async def resume(
+        self,
+        state: RunState,
+        decisions: Iterable[ApprovalDecision] = (),
+        *,
+        cancel: CancelToken | None = None,
+        on_event: EventSink | None = None,
+        stream: bool = False,
+    ) -> AgentTurn:
+        """Continue a run that paused for approval (or was paused by a hook).
+
+        Each decision must name a call that awaits approval; a call without a decision is
+        rejected with ``no decision was given``. Calls the policy allowed or denied keep that
+        verdict: the policy is not asked again. The deadline starts afresh.
+        """
+        pending = _apply_decisions(state, list(decisions))
+        run = _Run(
+            self,
+            run_id=state.run_id,
+            session_id=state.session_id,
+            messages=list(state.messages),
+            usage=state.usage,
+            steps_used=state.steps_used,
+            tracker=self.loop_guard.tracker(state.recent_calls),
+            cancel=cancel,
+            emit=on_event,
+            streaming=stream,
+        )
+        return await run.execute(run.continue_from(pending), resumed=True)
+
+    def stream(
+        self,
+        prompt: str | ChatMessage,
+        *,
+        history: Sequence[ChatMessage] = (),
+        run_id: str | None = None,
+        session_id: str | None = None,
+        cancel: CancelToken | None = None,
+    ) -> AsyncIterator[AgentEvent]:
+        """Run a task and yield its events as they happen; the last one is ``run_end``.
+
+        The model is called through ``LlmClient.stream``, so text arrives as ``text_delta``
+        events. Leaving the iteration early cancels the run.
+        """
+        return _events_of(
+            lambda sink: self.run_turn(
+                history,
+                prompt,
+                run_id=run_id,
+                session_id=session_id,
+                cancel=cancel,
+                on_event=sink,
+                stream=True,
+            )
+        )
+
+    def stream_resume(
+        self,
+        state: RunState,
+        decisions: Iterable[ApprovalDecision] = (),
+        *,
+        cancel: CancelToken | None = None,
+    ) -> AsyncIterator[AgentEvent]:
+        """:meth:`resume`, yielding events like :meth:`stream`."""
+        decided = list(decisions)
+        return _events_of(
+            lambda sink: self.resume(state, decided, cancel=cancel, on_event=sink, stream=True)
+        )
+
+    # --- preparation -----------------------------------------------------------------------
+
+    def system_message(self) -> ChatMessage | None:
+        """The system prompt for a run, rebuilt for every run and every resume."""
+        if not self.system_prompt:
+            return None
+        return ChatMessage.system(self.system_prompt)
+
+
+def _apply_decisions(state: RunState, decisions: list[ApprovalDecision]) -> list[PendingCall]:
+    awaiting = {p.call.id for p in state.awaiting()}
+    for decision in decisions:
+        if decision.call_id not in awaiting:
+            raise AgentError.config(
+                f"call {decision.call_id!r} is not awaiting approval in run {state.run_id!r}"
+            )
+    first: dict[str, Approval] = {}
+    for decision in decisions:
+        first.setdefault(decision.call_id, decision.approval)
+    resolved: list[PendingCall] = []
+    for pending in state.pending:
+        if not isinstance(pending.status, NeedsApproval):
+            resolved.append(pending)
+            continue
+        approval = first.get(pending.call.id)
+        if approval is None:
+            resolved.append(
+                pending.model_copy(update={"status": Rejected(reason="no decision was given")})
+            )
+        elif isinstance(approval, Reject):
+            resolved.append(pending.model_copy(update={"status": Rejected(reason=approval.reason)}))
+        elif isinstance(approval, Edit):
+            call = pending.call.model_copy(
+                update={"arguments": approval.arguments, "raw_arguments": None}
+            )
+            resolved.append(PendingCall(call=call, status=Allowed()))
+        else:
+            resolved.append(pending.model_copy(update={"status": Allowed()}))
+    return resolved
+
+
+async def _events_of(
+    start: Callable[[EventSink], Awaitable[AgentTurn]],
+) -> AsyncIterator[AgentEvent]:
+    queue: asyncio.Queue[AgentEvent] = asyncio.Queue()
+    task = asyncio.ensure_future(start(queue.put_nowait))
+    try:
+        while True:
+            event = await queue.get()
+            yield event
+            if isinstance(event, RunEnded):
+                break
+        await task
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, AgentError):
+                await task
+
+
+class _Hooks:
+    """The overridden methods of the registered hooks, so unused ones cost nothing."""
+
+    def __init__(self, hooks: list[AgentHooks]) -> None:
+        def overriding(name: str) -> list[Any]:
+            return [
+                getattr(h, name)
+                for h in hooks
+                if getattr(type(h), name, None) is not getattr(AgentHooks, name)
+            ]
+
+        self.before_model = overriding("before_model")
+        self.after_model = overriding("after_model")
+        self.before_tool = overriding("before_tool")
+        self.after_tool = overriding("after_tool")
+        self.on_outcome = overriding("on_outcome")
+
+
+class _Run:
+    """The mutable state of one run or resume, and the loop that drives it."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        run_id: str,
+        session_id: str | None,
+        messages: list[ChatMessage],
+        usage: TokenUsage,
+        steps_used: int,
+        tracker: LoopTracker,
+        cancel: CancelToken | None,
+        emit: EventSink | None,
+        streaming: bool,
+    ) -> None:
+        self.agent = agent
+        self.run_id = run_id
+        self.session_id = session_id
+        self.messages = messages
+        self.costs = [estimate_message(m) for m in messages]
+        self.total_cost = sum(self.costs)
+        self.usage = usage
+        self.steps_used = steps_used
+        self.tracker = tracker
+        self.cancel = cancel
+        self.emit = emit
+        self.streaming = streaming
+        self.hooks = _Hooks(agent.hooks)
+        self.system = agent.system_message()
+        self.system_cost = estimate_message(self.system) if self.system else 0
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.deadline = loop.time() + agent.max_duration if agent.max_duration else None
+
+    # --- bookkeeping -----------------------------------------------------------------------
+
+    def info(self) -> RunInfo:
+        return RunInfo(
+            run_id=self.run_id,
+            session_id=self.session_id,
+            steps_used=self.steps_used,
+            max_steps=self.agent.budget.max_steps,
+            usage=self.usage,
+        )
+
+    def append(self, message: ChatMessage) -> None:
+        cost = estimate_message(message)
+        self.messages.append(message)
+        self.costs.append(cost)
+        self.total_cost += cost
+
+    def state(self, pending: list[PendingCall]) -> RunState:
+        return RunState(
+            run_id=self.run_id,
+            session_id=self.session_id,
+            messages=list(self.messages),
+            usage=self.usage,
+            steps_used=self.steps_used,
+            pending=pending,
+            recent_calls=self.tracker.recent,
+        )
+
+    def exhausted(self, reason: Literal["steps", "tokens", "deadline"]) -> BudgetExhausted:
+        return BudgetExhausted(reason=reason, steps_used=self.steps_used, usage=self.usage)
+
+    def cancelled(self) -> Cancelled:
+        reason = self.cancel.reason if self.cancel is not None else "cancelled"
+        return Cancelled(reason=reason, steps_used=self.steps_used, usage=self.usage)
+
+    def deadline_passed(self) -> bool:
+        return self.deadline is not None and self.loop.time() >= self.deadline
+
+    # --- the run as a whole ----------------------------------------------------------------
+
+    async def execute(self, body: Awaitable[AgentOutcome], *, resumed: bool) -> AgentTurn:
+        """Run ``body`` between ``run_start`` and exactly one ``run_end``."""
+        emit = self.emit
+        if emit is not None:
+            emit(RunStarted(run_id=self.run_id, session_id=self.session_id, resumed=resumed))
+        try:
+            outcome = await body
+            for hook in self.hooks.on_outcome:
+                await hook(outcome, self.info())
+        except AgentError as error:
+            if emit is not None:
+                emit(RunEnded(run_id=self.run_id, error=error.to_dict()))
+            raise
+        except asyncio.CancelledError:
+            if emit is not None:
+                emit(RunEnded(run_id=self.run_id, outcome=self.cancelled()))
+            raise
+        except Exception as error:
+            if emit is not None:
+                emit(
+                    RunEnded(run_id=self.run_id, error={"kind": "internal", "message": str(error)})
+                )
+            raise
+        if emit is not None:
+            emit(RunEnded(run_id=self.run_id, outcome=outcome))
+        return AgentTurn(outcome=outcome, messages=list(self.messages))
+
+    async def continue_from(self, pending: list[PendingCall]) -> AgentOutcome:
+        """Resume: finish the paused round (if any), then drive on."""
+        last = self.messages[-1] if self.messages else None
+        if pending:
+            outcome = await self.round(pending)
+        elif last is not None and last.role is Role.ASSISTANT and last.tool_calls:
+            outcome = await self.gate_and_run(last.tool_calls)
+        else:
+            outcome = None
+        if outcome is not None:
+            return outcome
+        return await self.drive()
+
+    async def drive(self) -> AgentOutcome:
+        agent = self.agent
+        budget = agent.budget
+        while True:
+            if self.deadline_passed():
+                return self.exhausted("deadline")
+            if self.cancel is not None and self.cancel.cancelled:
+                return self.cancelled()
+            reason = budget.exhausted(self.steps_used, self.usage)
+            if reason is not None:
+                return self.exhausted(reason)
+            remaining = budget.remaining(self.usage)
+            history, history_tokens = self.history(remaining)
+            if history_tokens > remaining or not any(m.role is not Role.SYSTEM for m in history):
+                return self.exhausted("tokens")
+            output_cap = budget.output_cap(remaining, history_tokens)
+            if output_cap <= 0:
+                return self.exhausted("tokens")
+
+            step = self.steps_used
+            if self.emit is not None:
+                self.emit(TurnStarted(run_id=self.run_id, step=step))
+            request = ChatRequest(
+                messages=history,
+                tools=agent.tools.definitions(),
+                max_tokens=output_cap,
+                temperature=agent.temperature,
+                deadline=self.deadline,
+                on_retry=self.on_retry if self.emit is not None else None,
+            )
+            info = self.info()
+            for before in self.hooks.before_model:
+                control = await before(request, info)
+                if control is not None:
+                    return self.stop(control, [])
+            if self.emit is not None:
+                self.emit(
+                    ModelRequestStarted(
+                        run_id=self.run_id,
+                        step=step,
+                        messages=len(request.messages),
+                        max_tokens=request.max_tokens,
+                    )
+                )
+            try:
+                response = await self.call_model(request)
+            except _DeadlinePassed:
+                return self.exhausted("deadline")
+            except _RunCancelled:
+                return self.cancelled()
+            control = None
+            for after in self.hooks.after_model:
+                control = await after(response, info) or control
+
+            self.usage = self.usage + response.usage
+            overshoot = self.usage.total() > budget.max_tokens
+            content = _with_call_ids(response.content)
+            calls = tool_calls_of(content)
+            message = ChatMessage(role=Role.ASSISTANT, content=content)
+            if not calls:
+                self.append(message)
+                self.responded(step, message, response)
+                if overshoot:
+                    return self.exhausted("tokens")
+                return Completed(
+                    text=text_of(content), steps_used=self.steps_used, usage=self.usage
+                )
+            if overshoot:
+                # tool calls without results would corrupt the transcript: not recorded
+                self.responded(step, message, response)
+                return self.exhausted("tokens")
+            self.steps_used += 1
+            self.append(message)
+            self.responded(step, message, response)
+            if isinstance(control, CancelRun):
+                self.record_cancelled([PendingCall(call=c, status=_ALLOWED) for c in calls], [])
+                return self.stop(control, [])
+            if control is not None:
+                return self.stop(control, [])
+            outcome = await self.gate_and_run(calls)
+            if self.emit is not None:
+                self.emit(TurnEnded(run_id=self.run_id, step=step))
+            if outcome is not None:
+                return outcome
+
+    def history(self, remaining: int) -> tuple[list[ChatMessage], int]:
+        """The messages to send and their estimated tokens, within ``remaining``."""
+        system = [self.system] if self.system is not None else []
+        total = self.system_cost + self.total_cost
+        if total <= remaining:
+            return [*system, *self.messages], total
+        costs = [self.system_cost] * len(system) + self.costs
+        history = truncate_history([*system, *self.messages], remaining, costs)
+        return history, sum(estimate_message(m) for m in history)
+
+    def responded(self, step: int, message: ChatMessage, response: ChatResponse) -> None:
+        if self.emit is not None:
+            self.emit(
+                ModelResponded(
+                    run_id=self.run_id,
+                    step=step,
+                    message=_public_message(message),
+                    stop_reason=response.stop_reason,
+                    usage=response.usage,
+                )
+            )
+
+    def stop(self, control: RunControl, pending: list[PendingCall]) -> AgentOutcome:
+        if isinstance(control, CancelRun):
+            return Cancelled(reason=control.reason, steps_used=self.steps_used, usage=self.usage)
+        return Paused(reason=control.reason, state=self.state(pending))
+
+    def on_retry(self, notice: RetryNotice) -> None:
+        if self.emit is not None:
+            self.emit(
+                RetryScheduled(
+                    run_id=self.run_id,
+                    attempt=notice.attempt,
+                    max_attempts=notice.max_attempts,
+                    wait_seconds=notice.wait,
+                    error=notice.error.to_dict(),
+                )
+            )
+
+    # --- the model call --------------------------------------------------------------------
+
+    async def call_model(self, request: ChatRequest) -> ChatResponse:
+        call: Awaitable[ChatResponse] = (
+            self.consume_stream(request) if self.streaming else self.agent.model.chat(request)
+        )
+        if self.deadline is None and self.cancel is None:
+            return await call
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                return await self.until_cancelled(call)
+        except TimeoutError:
+            if self.deadline_passed():
+                raise _DeadlinePassed from None
+            raise
+
+    async def consume_stream(self, request: ChatRequest) -> ChatResponse:
+        emit = self.emit
+        async for event in self.agent.model.stream(request):
+            if isinstance(event, StreamDone):
+                return event.response
+            if emit is None:
+                continue
+            if isinstance(event, TextDelta):
+                emit(TextDeltaEvent(run_id=self.run_id, text=event.text))
+            elif isinstance(event, ThinkingDelta):
+                emit(ThinkingDeltaEvent(run_id=self.run_id, text=event.text))
+            elif isinstance(event, ToolCallStarted):
+                emit(
+                    ToolCallDeltaEvent(
+                        run_id=self.run_id, index=event.index, call_id=event.id, name=event.name
+                    )
+                )
+        raise AgentError.decode(
+            f"the {self.agent.model.provider_name} stream ended without a final response"
+        )
+
+    async def until_cancelled(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` unless the cancel token fires first."""
+        if self.cancel is None:
+            return await awaitable
+        if self.cancel.cancelled:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            raise _RunCancelled
+        task = asyncio.ensure_future(awaitable)
+        waiter = asyncio.ensure_future(self.cancel.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if task.cancelled():
+            raise _RunCancelled
+        return task.result()
+
+    # --- gating and running tool calls -----------------------------------------------------
+
+    async def gate_and_run(self, calls: list[ToolCall]) -> AgentOutcome | None:
+        info = self.info()
+        pending: list[PendingCall] = []
+        for call in calls:
+            decision = self.agent.policy.decide(call, self.agent.tools.get(call.name), info)
+            if isinstance(decision, RequireApproval):
+                pending.append(PendingCall(call=call, status=NeedsApproval(reason=decision.reason)))
+            elif isinstance(decision, Deny):
+                pending.append(PendingCall(call=call, status=Denied(reason=decision.reason)))
+            else:
+                pending.append(PendingCall(call=call, status=_ALLOWED))
+        if any(isinstance(p.status, NeedsApproval) for p in pending):
+            if self.emit is not None:
+                self.emit(
+                    ApprovalRequired(
+                        run_id=self.run_id,
+                        calls=[
+                            PendingApproval(
+                                call_id=p.call.id,
+                                name=p.call.name,
+                                arguments=redact(p.call.arguments),
+                                reason=p.status.reason,
+                            )
+                            for p in pending
+                            if isinstance(p.status, NeedsApproval)
+                        ],
+                    )
+                )
+            return AwaitingApproval(state=self.state(pending))
+        return await self.round(pending)
+
+    async def round(self, pending: list[PendingCall]) -> AgentOutcome | None:
+        """Run one round of gated calls and append their results as one tool message."""
+        step = max(self.steps_used - 1, 0)
+        contexts = [
+            ToolContext(
+                run_id=self.run_id, call_id=p.call.id, session_id=self.session_id, step=step
+            )
+            for p in pending
+        ]
+        tools = self.agent.tools
+        sequential = not self.agent.parallel_tool_calls or any(
+            (tool := tools.get(p.call.name)) is not None and tool.sequential for p in pending
+        )
+        try:
+            if sequential or len(pending) == 1:
+                outputs = await self.run_sequentially(pending, contexts)
+            else:
+                outputs = await self.run_in_parallel(pending, contexts)
+        except _Stop as stop:
+            return stop.outcome
+        return self.record(pending, outputs)
+
+    async def run_sequentially(
+        self, pending: list[PendingCall], contexts: list[ToolContext]
+    ) -> list[tuple[ToolCall, ToolOutput]]:
+        outputs: list[tuple[ToolCall, ToolOutput]] = []
+        for index, (item, ctx) in enumerate(zip(pending, contexts, strict=True)):
+            prepared = await self.prepare(item, ctx)
+            if isinstance(prepared, (PauseRun, CancelRun)):
+                raise _Stop(self.halt_round(prepared, pending, outputs, index))
+            call = prepared.call if isinstance(prepared, _Ready) else item.call
+            self.tool_started(call)
+            if isinstance(prepared, _Ready):
+                try:
+                    output = await self.until_cancelled(self.invoke(prepared, ctx))
+                except _RunCancelled:
+                    outputs.append((call, _error(_UNKNOWN_PAYLOAD)))
+                    raise _Stop(self.cancel_round(pending, outputs)) from None
+            else:
+                output = prepared[1]
+                call = prepared[0]
+            await self.after_tool(call, output, ctx)
+            outputs.append((call, output))
+        return outputs
+
+    async def run_in_parallel(
+        self, pending: list[PendingCall], contexts: list[ToolContext]
+    ) -> list[tuple[ToolCall, ToolOutput]]:
+        prepared_all: list[_Ready | tuple[ToolCall, ToolOutput]] = []
+        for item, ctx in zip(pending, contexts, strict=True):
+            prepared = await self.prepare(item, ctx)
+            if isinstance(prepared, (PauseRun, CancelRun)):
+                raise _Stop(self.halt_round(prepared, pending, [], 0))
+            prepared_all.append(prepared)
+        for prepared in prepared_all:
+            self.tool_started(prepared.call if isinstance(prepared, _Ready) else prepared[0])
+        tasks = {
+            i: asyncio.ensure_future(self.invoke(p, contexts[i]))
+            for i, p in enumerate(prepared_all)
+            if isinstance(p, _Ready)
+        }
+        cancelled = False
+        if tasks:
+            if self.cancel is None:
+                await asyncio.wait(tasks.values())
+            else:
+                cancelled = await self.wait_or_cancel(list(tasks.values()))
+        outputs: list[tuple[ToolCall, ToolOutput]] = []
+        for i, prepared in enumerate(prepared_all):
+            if isinstance(prepared, _Ready):
+                task = tasks[i]
+                output = (
+                    task.result()
+                    if task.done() and not task.cancelled()
+                    else _error(_UNKNOWN_PAYLOAD)
+                )
+                outputs.append((prepared.call, output))
+            else:
+                outputs.append(prepared)
+        if cancelled:
+            raise _Stop(self.cancel_round(pending, outputs))
+        for (call, output), ctx in zip(outputs, contexts, strict=True):
+            await self.after_tool(call, output, ctx)
+        return outputs
+
+    async def wait_or_cancel(self, tasks: list[asyncio.Future[ToolOutput]]) -> bool:
+        """Wait for the round's tasks; on cancel, give them a grace period and report True."""
+        assert self.cancel is not None
+        waiter = asyncio.ensure_future(self.cancel.wait())
+        try:
+            remaining = set(tasks)
+            while remaining:
+                done, _ = await asyncio.wait(
+                    remaining | {waiter}, return_when=asyncio.FIRST_COMPLETED
+                )
+                remaining -= done
+                if waiter in done:
+                    break
+            else:
+                return False
+        finally:
+            waiter.cancel()
+        unfinished = [t for t in tasks if not t.done()]
+        for task in unfinished:
+            task.cancel()
+        if unfinished:
+            await asyncio.wait(unfinished, timeout=CANCEL_GRACE)
+        return True
+
+    async def prepare(
+        self, item: PendingCall, ctx: ToolContext
+    ) -> _Ready | tuple[ToolCall, ToolOutput] | PauseRun | CancelRun:
+        """Apply the gate verdict, argument checks and ``before_tool`` hooks to one call."""
+        call = item.call
+        status = item.status
+        if isinstance(status, Finished):
+            return call, ToolOutput(status.content, status.is_error)
+        if isinstance(status, Denied):
+            return call, _error(f"denied by policy: {status.reason}")
+        if isinstance(status, Rejected):
+            return call, _error(f"a reviewer rejected this call: {status.reason}")
+        if call.raw_arguments is not None:
+            return call, _error(f"tool arguments were not valid JSON: {_json_error(call)}")
+        tool = self.agent.tools.get(call.name)
+        if tool is not None and (problem := tool.validate(call.arguments)) is not None:
+            return call, _error(f"schema validation failed: {problem}")
+        modified = False
+        for before in self.hooks.before_tool:
+            verdict = await before(call, ctx)
+            if verdict is None:
+                continue
+            if isinstance(verdict, Modify):
+                call = call.model_copy(update={"arguments": verdict.arguments})
+                modified = True
+            elif isinstance(verdict, Block):
+                return call, _error(f"blocked by hook: {verdict.reason}")
+            elif isinstance(verdict, (PauseRun, CancelRun)):
+                return verdict
+        if tool is None:
+            return call, _error(f'unknown tool "{call.name}"')
+        if modified and (problem := tool.validate(call.arguments)) is not None:
+            return call, _error(f"schema validation failed: {problem}")
+        return _Ready(tool, call)
+
+    async def invoke(self, ready: _Ready, ctx: ToolContext) -> ToolOutput:
+        """Execute one call; every failure becomes an error payload for the model."""
+        try:
+            if self.deadline is None:
+                value = await ready.tool.execute(ready.call.arguments, ctx)
+            else:
+                async with asyncio.timeout_at(self.deadline) as scope:
+                    try:
+                        value = await ready.tool.execute(ready.call.arguments, ctx)
+                    except TimeoutError:
+                        if scope.expired():
+                            raise
+                        return _error("the tool timed out")
+        except TimeoutError:
+            return _error(_DEADLINE_PAYLOAD)
+        except AgentError as error:
+            return _error(error.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a tool's failure is the model's information
+            return _error(str(error) or type(error).__name__)
+        terminate = False
+        if isinstance(value, ToolReturn):
+            terminate = value.terminate
+            value = value.value
+        try:
+            content = canonical_json(value)
+        except AgentError as error:
+            return _error(error.message)
+        return ToolOutput(
+            truncate_chars(content, self.agent.per_tool_output_limit), False, terminate
+        )
+
+    def tool_started(self, call: ToolCall) -> None:
+        if self.emit is not None:
+            self.emit(
+                ToolStarted(
+                    run_id=self.run_id,
+                    call_id=call.id,
+                    name=call.name,
+                    arguments=redact(call.arguments),
+                )
+            )
+
+    async def after_tool(self, call: ToolCall, output: ToolOutput, ctx: ToolContext) -> None:
+        for after in self.hooks.after_tool:
+            await after(call, output, ctx)
+        if self.emit is not None:
+            self.emit(
+                ToolFinished(
+                    run_id=self.run_id,
+                    call_id=call.id,
+                    name=call.name,
+                    content=output.content,
+                    is_error=output.is_error,
+                    terminate=output.terminate,
+                )
+            )
+
+    def record(
+        self, pending: list[PendingCall], outputs: list[tuple[ToolCall, ToolOutput]]
+    ) -> AgentOutcome | None:
+        """Append the round's results (loop-guard notes added) and decide whether to stop."""
+        results: list[ToolResult] = []
+        stop: tuple[str, int] | None = None
+        for item, (call, output) in zip(pending, outputs, strict=True):
+            content = output.content
+            verdict = self.tracker.record(call.name, call.arguments, content)
+            if isinstance(verdict, Warn):
+                content += warning_note(call.name, verdict.repeats)
+            elif isinstance(verdict, Stop) and stop is None:
+                stop = (call.name, verdict.repeats)
+            results.append(
+                ToolResult(tool_call_id=item.call.id, content=content, is_error=output.is_error)
+            )
+        self.append(ChatMessage.tool_results(results))
+        if stop is not None:
+            return LoopDetected(
+                tool=stop[0], repeats=stop[1], steps_used=self.steps_used, usage=self.usage
+            )
+        if outputs and all(output.terminate for _, output in outputs):
+            text = "\n".join(_plain(output.content) for _, output in outputs)
+            return Completed(text=text, steps_used=self.steps_used, usage=self.usage)
+        return None
+
+    def halt_round(
+        self,
+        control: PauseRun | CancelRun,
+        pending: list[PendingCall],
+        outputs: list[tuple[ToolCall, ToolOutput]],
+        index: int,
+    ) -> AgentOutcome:
+        """A ``before_tool`` hook paused or cancelled the run at call ``index``."""
+        if isinstance(control, CancelRun):
+            self.record_cancelled(pending, outputs)
+            return Cancelled(reason=control.reason, steps_used=self.steps_used, usage=self.usage)
+        remaining = [
+            PendingCall(call=call, status=Finished(content=out.content, is_error=out.is_error))
+            for call, out in outputs
+        ] + pending[index:]
+        return Paused(reason=control.reason, state=self.state(remaining))
+
+    def cancel_round(
+        self, pending: list[PendingCall], outputs: list[tuple[ToolCall, ToolOutput]]
+    ) -> Cancelled:
+        self.record_cancelled(pending, outputs)
+        return self.cancelled()
+
+    def record_cancelled(
+        self, pending: list[PendingCall], outputs: list[tuple[ToolCall, ToolOutput]]
+    ) -> None:
+        """Answer every call of a cancelled round so the transcript stays valid."""
+        results = [
+            ToolResult(tool_call_id=call.id, content=output.content, is_error=output.is_error)
+            for call, output in outputs
+        ]
+        results += [
+            ToolResult(
+                tool_call_id=p.call.id, content=error_payload(_NOT_RUN_PAYLOAD), is_error=True
+            )
+            for p in pending[len(outputs) :]
+        ]
+        self.append(ChatMessage.tool_results(results))
+
+
+class _Stop(Exception):
+    """Leaves a round early with the outcome that ends the run."""
+
+    def __init__(self, outcome: AgentOutcome) -> None:
+        super().__init__(outcome.status)
+        self.outcome = outcome
+
+
+_ALLOWED: Final = Allowed()
+
+
+def _error(message: str) -> ToolOutput:
+    return ToolOutput(error_payload(message), is_error=True)
+
+
+def _with_call_ids(content: list[ContentPart]) -> list[ContentPart]:
+    """``content`` with a fresh id for every tool call whose id is empty or repeated.
+
+    Some servers (Gemini's OpenAI-compatible endpoint) send ``""``; results are matched to
+    calls by id, so each call of a turn needs its own.
+    """
+    seen: set[str] = set()
+    fixed: list[ContentPart] | None = None
+    for index, part in enumerate(content):
+        if not isinstance(part, ToolCallPart):
+            continue
+        call = part.tool_call
+        if call.id and call.id not in seen:
+            seen.add(call.id)
+            continue
+        if fixed is None:
+            fixed = list(content)
+        new_id = f"call_{secrets.token_hex(6)}"
+        seen.add(new_id)
+        fixed[index] = ToolCallPart(tool_call=call.model_copy(update={"id": new_id}))
+    return content if fixed is None else fixed
+
+
+def _json_error(call: ToolCall) -> str:
+    try:
+        json.loads(call.raw_arguments or "")
+    except ValueError as error:
+        return str(error)
+    return "not a JSON value"
+
+
+def _plain(content: str) -> str:
+    try:
+        value: JsonValue = json.loads(content)
+    except ValueError:
+        return content
+    return value if isinstance(value, str) else content
+
+
+def _public_message(message: ChatMessage) -> ChatMessage:
+    """The message with tool-call arguments redacted, for events."""
+    if not message.tool_calls:
+        return message
+    return message.model_copy(
+        update={
+            "content": [
+                ToolCallPart(
+                    tool_call=p.tool_call.model_copy(
+                        update={"arguments": redact(p.tool_call.arguments), "raw_arguments": None}
+                    )
+                )
+                if isinstance(p, ToolCallPart)
+                else p
+                for p in message.content
+            ]
+        }
+    )

@@ -1,0 +1,138 @@
+"""Errors are values with a kind; the HTTP status an app should answer derives from the kind."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Final
+
+__all__ = ["BODY_LIMIT", "AgentError", "ErrorKind"]
+
+BODY_LIMIT: Final = 500
+"""At most this many characters of a provider's error body are kept in an error."""
+
+
+class ErrorKind(StrEnum):
+    CONFIG = "config"
+    AUTHENTICATION = "authentication"
+    RATE_LIMITED = "rate_limited"
+    PROVIDER = "provider"
+    TRANSPORT = "transport"
+    UNAVAILABLE = "unavailable"
+    TOOL = "tool"
+    BUDGET = "budget"
+    DECODE = "decode"
+
+    @property
+    def display_name(self) -> str:
+        """The seed's display name: ``rate_limited`` -> ``RateLimited``."""
+        return "".join(word.capitalize() for word in self.value.split("_"))
+
+    @property
+    def http_status(self) -> int:
+        return _HTTP_STATUS[self]
+
+    @property
+    def retryable(self) -> bool:
+        """Worth trying again later: the provider was busy, down or unreachable."""
+        return self in _RETRYABLE
+
+    @classmethod
+    def from_http_status(cls, status: int) -> ErrorKind:
+        """Classify a provider's non-2xx HTTP status [AP-09]."""
+        if status in (401, 403):
+            return cls.AUTHENTICATION
+        if status == 429:
+            return cls.RATE_LIMITED
+        if status == 413:
+            return cls.BUDGET
+        if status in (408, 425) or 500 <= status <= 599:
+            return cls.UNAVAILABLE
+        return cls.PROVIDER
+
+
+_HTTP_STATUS: Final[dict[ErrorKind, int]] = {
+    ErrorKind.CONFIG: 500,
+    ErrorKind.AUTHENTICATION: 502,
+    ErrorKind.RATE_LIMITED: 429,
+    ErrorKind.PROVIDER: 502,
+    ErrorKind.TRANSPORT: 503,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.TOOL: 500,
+    ErrorKind.BUDGET: 413,
+    ErrorKind.DECODE: 500,
+}
+
+_RETRYABLE: Final = frozenset({ErrorKind.RATE_LIMITED, ErrorKind.UNAVAILABLE, ErrorKind.TRANSPORT})
+
+
+class AgentError(Exception):
+    """The one exception type the library raises.
+
+    Provider errors also carry the provider's name, the HTTP status, the server's
+    ``Retry-After`` in seconds when it sent one, and at most :data:`BODY_LIMIT` characters of the
+    response body. API keys never appear in any of them.
+    """
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        provider: str | None = None,
+        status: int | None = None,
+        retry_after: float | None = None,
+        body: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.provider = provider
+        self.status = status
+        self.retry_after = retry_after
+        self.body = body[:BODY_LIMIT] if body is not None else None
+
+    def __str__(self) -> str:
+        return f"[{self.kind.display_name}] {self.message}"
+
+    def __repr__(self) -> str:
+        return f"AgentError(kind={self.kind.value!r}, message={self.message!r})"
+
+    @property
+    def http_status(self) -> int:
+        """The status an app should answer when this error ends a request."""
+        return self.kind.http_status
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind.retryable
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form for job results, run records and HTTP error bodies."""
+        data: dict[str, Any] = {"kind": self.kind.value, "message": self.message}
+        for key in ("provider", "status", "retry_after"):
+            value = getattr(self, key)
+            if value is not None:
+                data[key] = value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AgentError:
+        return cls(
+            ErrorKind(data["kind"]),
+            str(data["message"]),
+            provider=data.get("provider"),
+            status=data.get("status"),
+            retry_after=data.get("retry_after"),
+        )
+
+    @classmethod
+    def config(cls, message: str) -> AgentError:
+        return cls(ErrorKind.CONFIG, message)
+
+    @classmethod
+    def decode(cls, message: str, *, provider: str | None = None) -> AgentError:
+        return cls(ErrorKind.DECODE, message, provider=provider)
+
+    @classmethod
+    def tool(cls, message: str) -> AgentError:
+        return cls(ErrorKind.TOOL, message)

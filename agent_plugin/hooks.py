@@ -1,0 +1,112 @@
+"""Lifecycle hooks: observe a run, edit requests and calls, block calls, pause or cancel.
+
+Subclass :class:`AgentHooks` and override what you need; every method is optional and async,
+and hooks run in registration order. Only overridden methods cost anything per step.
+
+Boundaries where a hook may stop the run (``PauseRun`` / ``CancelRun``) [AG-05..AG-07]:
+
+* ``before_model`` — before a model request;
+* ``after_model`` — after an assistant turn that asked for tools (the turn is recorded first);
+* ``before_tool`` — before a tool call (in a parallel round, before any call of it starts).
+
+A paused run ends with a ``paused`` outcome carrying its :class:`~agent_plugin.outcomes.RunState`;
+``Agent.resume(state)`` continues it without adding a user message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
+
+from pydantic import JsonValue
+
+from agent_plugin.messages import ToolCall
+from agent_plugin.outcomes import AgentOutcome, RunInfo
+from agent_plugin.providers.base import ChatRequest, ChatResponse
+
+if TYPE_CHECKING:
+    from agent_plugin.tools import ToolContext
+
+__all__ = [
+    "AgentHooks",
+    "Block",
+    "CancelRun",
+    "Continue",
+    "Modify",
+    "PauseRun",
+    "RunControl",
+    "ToolHookResult",
+    "ToolOutput",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PauseRun:
+    """Stop at this boundary with a ``paused`` outcome that ``resume`` continues."""
+
+    reason: str = "paused by a hook"
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRun:
+    """End the run at this boundary with a ``cancelled`` outcome."""
+
+    reason: str = "cancelled by a hook"
+
+
+RunControl: TypeAlias = PauseRun | CancelRun
+
+
+@dataclass(frozen=True, slots=True)
+class Continue:
+    """Run the call as it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class Modify:
+    """Run the call with these arguments instead (later hooks see them too)."""
+
+    arguments: JsonValue
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Do not run the call; the model gets ``{"error": "blocked by hook: <reason>"}``."""
+
+    reason: str
+
+
+ToolHookResult: TypeAlias = Continue | Modify | Block | PauseRun | CancelRun
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """What a call produced, as the model will see it."""
+
+    content: str
+    is_error: bool = False
+    terminate: bool = False
+
+
+class AgentHooks:
+    """No-op defaults for every hook; override the ones you need."""
+
+    async def before_model(self, request: ChatRequest, info: RunInfo) -> RunControl | None:
+        """Called before each model request; may edit ``request`` in place."""
+        return None
+
+    async def after_model(self, response: ChatResponse, info: RunInfo) -> RunControl | None:
+        """Called with each model reply."""
+        return None
+
+    async def before_tool(self, call: ToolCall, ctx: ToolContext) -> ToolHookResult | None:
+        """Called before each allowed call; ``None`` means :class:`Continue`."""
+        return None
+
+    async def after_tool(self, call: ToolCall, output: ToolOutput, ctx: ToolContext) -> None:
+        """Called after every call, including blocked, denied and rejected ones."""
+        return
+
+    async def on_outcome(self, outcome: AgentOutcome, info: RunInfo) -> None:
+        """Called once per run or resume that returns an outcome (pauses included)."""
+        return

@@ -1,0 +1,283 @@
+"""The provider-neutral conversation model.
+
+Transcripts are lists of :class:`ChatMessage`. Every type here is a pydantic model whose JSON
+form is stable (content parts are externally tagged: ``{"text": "..."}``,
+``{"tool_call": {...}}``, ...), so a transcript survives a database row, a Redis stream or an
+arq job result and comes back equal.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Final, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag
+
+__all__ = [
+    "ChatMessage",
+    "ContentPart",
+    "Image",
+    "ImagePart",
+    "JsonValue",
+    "RedactedThinking",
+    "RedactedThinkingPart",
+    "Role",
+    "StopReason",
+    "TextPart",
+    "Thinking",
+    "ThinkingPart",
+    "TokenUsage",
+    "ToolCall",
+    "ToolCallPart",
+    "ToolDefinition",
+    "ToolResult",
+    "ToolResultPart",
+    "repair_transcript",
+    "text_of",
+    "tool_calls_of",
+]
+
+_TOKEN_MAX: Final = 2**32 - 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class ToolCall(_Model):
+    """A call the model asked for. ``arguments`` is the decoded JSON value.
+
+    ``raw_arguments`` keeps the provider's text when it was not valid JSON: such a call is
+    answered with an error payload and never reaches the tool, and the text is sent back to the
+    provider unchanged so the transcript stays what the model actually said.
+    """
+
+    id: str
+    name: str
+    arguments: JsonValue = Field(default_factory=dict)
+    raw_arguments: str | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class ToolResult(_Model):
+    tool_call_id: str
+    content: str
+    is_error: bool = Field(default=False, exclude_if=lambda v: v is False)
+
+
+class Image(_Model):
+    """An image given by URL, or inline as base64 ``data`` with its ``media_type``."""
+
+    url: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    data: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    media_type: str | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class Thinking(_Model):
+    """Model reasoning. Anthropic signs it; the signature must be re-sent unchanged."""
+
+    text: str
+    signature: str | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class RedactedThinking(_Model):
+    data: str
+
+
+class TextPart(_Model):
+    text: str
+
+
+class ToolCallPart(_Model):
+    tool_call: ToolCall
+
+
+class ToolResultPart(_Model):
+    tool_result: ToolResult
+
+
+class ImagePart(_Model):
+    image: Image
+
+
+class ThinkingPart(_Model):
+    thinking: Thinking
+
+
+class RedactedThinkingPart(_Model):
+    redacted_thinking: RedactedThinking
+
+
+_PART_TAGS: Final = (
+    "text",
+    "tool_call",
+    "tool_result",
+    "image",
+    "thinking",
+    "redacted_thinking",
+)
+
+
+def _part_tag(value: Any) -> str | None:
+    if isinstance(value, dict):
+        for key in value:
+            if key in _PART_TAGS:
+                return str(key)
+        return None
+    for key in _PART_TAGS:
+        if key in getattr(type(value), "model_fields", ()):
+            return key
+    return None
+
+
+ContentPart: TypeAlias = Annotated[
+    Annotated[TextPart, Tag("text")]
+    | Annotated[ToolCallPart, Tag("tool_call")]
+    | Annotated[ToolResultPart, Tag("tool_result")]
+    | Annotated[ImagePart, Tag("image")]
+    | Annotated[ThinkingPart, Tag("thinking")]
+    | Annotated[RedactedThinkingPart, Tag("redacted_thinking")],
+    Discriminator(_part_tag),
+]
+
+
+class ChatMessage(_Model):
+    role: Role
+    content: list[ContentPart]
+
+    @classmethod
+    def text(cls, role: Role | str, text: str) -> ChatMessage:
+        return cls(role=Role(role), content=[TextPart(text=text)])
+
+    @classmethod
+    def system(cls, text: str) -> ChatMessage:
+        return cls(role=Role.SYSTEM, content=[TextPart(text=text)])
+
+    @classmethod
+    def user(cls, text: str) -> ChatMessage:
+        return cls(role=Role.USER, content=[TextPart(text=text)])
+
+    @classmethod
+    def assistant(cls, text: str) -> ChatMessage:
+        return cls(role=Role.ASSISTANT, content=[TextPart(text=text)])
+
+    @classmethod
+    def tool_results(cls, results: list[ToolResult]) -> ChatMessage:
+        return cls(role=Role.TOOL, content=[ToolResultPart(tool_result=r) for r in results])
+
+    @property
+    def text_content(self) -> str:
+        """All text parts joined with ``""``."""
+        return text_of(self.content)
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return tool_calls_of(self.content)
+
+
+def text_of(parts: list[ContentPart]) -> str:
+    return "".join(p.text for p in parts if isinstance(p, TextPart))
+
+
+def tool_calls_of(parts: list[ContentPart]) -> list[ToolCall]:
+    return [p.tool_call for p in parts if isinstance(p, ToolCallPart)]
+
+
+class ToolDefinition(_Model):
+    name: str
+    description: str
+    input_schema: dict[str, JsonValue]
+
+
+class StopReason(StrEnum):
+    END_TURN = "end_turn"
+    TOOL_USE = "tool_use"
+    MAX_TOKENS = "max_tokens"
+    STOP_SEQUENCE = "stop_sequence"
+    REFUSAL = "refusal"
+    UNKNOWN = "unknown"
+
+
+class TokenUsage(_Model):
+    """Provider-reported token counts.
+
+    ``input_tokens`` is the full prompt size, cached or not; the two cache counts are subsets of
+    it, so :meth:`total` is ``input + output``. Sums saturate at 2**32 - 1 like the seed.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def total(self) -> int:
+        return min(self.input_tokens + self.output_tokens, _TOKEN_MAX)
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            input_tokens=min(self.input_tokens + other.input_tokens, _TOKEN_MAX),
+            output_tokens=min(self.output_tokens + other.output_tokens, _TOKEN_MAX),
+            cache_read_tokens=min(self.cache_read_tokens + other.cache_read_tokens, _TOKEN_MAX),
+            cache_write_tokens=min(self.cache_write_tokens + other.cache_write_tokens, _TOKEN_MAX),
+        )
+
+
+_UNANSWERED = '{"error":"no result was recorded for this call"}'
+
+
+def repair_transcript(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """A transcript providers accept: system messages dropped, every tool call answered by the
+    tool message right after it, and no tool result without its call.
+
+    A call whose result is missing is answered with an error payload, so the model knows its
+    outcome was not recorded. Valid transcripts come back unchanged (the same message objects).
+    """
+    out: list[ChatMessage] = []
+    open_calls: list[ToolCall] = []
+    for message in messages:
+        if message.role is Role.SYSTEM:
+            continue
+        if message.role is Role.TOOL:
+            known = {c.id for c in open_calls}
+            results = [
+                p
+                for p in message.content
+                if isinstance(p, ToolResultPart) and p.tool_result.tool_call_id in known
+            ]
+            answered = {p.tool_result.tool_call_id for p in results}
+            missing = [c for c in open_calls if c.id not in answered]
+            open_calls = []
+            if not results and not missing:
+                continue
+            if missing or len(results) != len(message.content):
+                parts: list[ContentPart] = [*results, *_unanswered_parts(missing)]
+                message = ChatMessage(role=Role.TOOL, content=parts)
+            out.append(message)
+            continue
+        if open_calls:
+            out.append(_unanswered(open_calls))
+        out.append(message)
+        open_calls = message.tool_calls if message.role is Role.ASSISTANT else []
+    if open_calls:
+        out.append(_unanswered(open_calls))
+    return out
+
+
+def _unanswered_parts(calls: list[ToolCall]) -> list[ToolResultPart]:
+    return [
+        ToolResultPart(
+            tool_result=ToolResult(tool_call_id=c.id, content=_UNANSWERED, is_error=True)
+        )
+        for c in calls
+    ]
+
+
+def _unanswered(calls: list[ToolCall]) -> ChatMessage:
+    parts: list[ContentPart] = [*_unanswered_parts(calls)]
+    return ChatMessage(role=Role.TOOL, content=parts)

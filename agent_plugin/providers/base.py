@@ -1,0 +1,136 @@
+"""The boundary between the agent loop and a model: requests, responses, stream events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_plugin.messages import (
+    ChatMessage,
+    ContentPart,
+    StopReason,
+    TokenUsage,
+    ToolCall,
+    ToolDefinition,
+    text_of,
+    tool_calls_of,
+)
+from agent_plugin.providers.retry import RetryNotice
+
+__all__ = [
+    "ChatRequest",
+    "ChatResponse",
+    "LlmClient",
+    "StreamDone",
+    "StreamEvent",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallArgumentsDelta",
+    "ToolCallStarted",
+]
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """One model call. Hooks may edit it before it is sent.
+
+    Everything the loop controls lives here, so it never touches wire code: the per-call output
+    cap, temperature, tool choice (``"auto"``, ``"none"``, ``"required"`` or a tool's name),
+    stop sequences, the model, prompt caching, and provider-specific body fields.
+    ``deadline`` (event-loop time) and ``on_retry`` bound and report the client's retries.
+    """
+
+    messages: list[ChatMessage]
+    tools: list[ToolDefinition] = field(default_factory=list)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    tool_choice: str | None = None
+    stop: list[str] = field(default_factory=list)
+    model: str | None = None
+    prompt_caching: bool | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    deadline: float | None = None
+    on_retry: Callable[[RetryNotice], None] | None = None
+
+
+class ChatResponse(BaseModel):
+    """A complete assistant reply, whether it came in one body or as a stream."""
+
+    model_config = ConfigDict(frozen=True)
+
+    content: list[ContentPart]
+    stop_reason: StopReason = StopReason.END_TURN
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+    model: str | None = None
+    id: str | None = None
+    raw_stop_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return text_of(self.content)
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return tool_calls_of(self.content)
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallArgumentsDelta:
+    index: int
+    fragment: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDone:
+    """Always the last event of a stream: the reply aggregated from the deltas before it."""
+
+    response: ChatResponse
+
+
+StreamEvent: TypeAlias = (
+    TextDelta | ThinkingDelta | ToolCallStarted | ToolCallArgumentsDelta | StreamDone
+)
+
+
+@runtime_checkable
+class LlmClient(Protocol):
+    """A model. Implementations raise only :class:`~agent_plugin.errors.AgentError`."""
+
+    @property
+    def provider_name(self) -> str: ...
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        """Send the request and return the whole reply."""
+        ...
+
+    def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        """Send the request and yield deltas as they arrive, then one :class:`StreamDone`."""
+        ...
+
+    async def list_models(self) -> list[str]:
+        """Model ids the provider offers; cheap and read-only (used by health checks)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the connection pool."""
+        ...

@@ -1,0 +1,750 @@
+"""OpenAI-compatible chat completions (``POST {base}/chat/completions``) over plain httpx.
+
+One client speaks to OpenAI and to every server that copies its protocol (Ollama, vLLM, Groq,
+DeepSeek, OpenRouter, Together, TGI, LiteLLM, Gemini's and Anthropic's compatibility endpoints).
+Three pure pieces do the wire translation and are tested against recorded traffic:
+:meth:`OpenAICompatibleClient.build_body` (neutral request -> JSON body), :func:`parse_response`
+(JSON body -> :class:`ChatResponse`) and the stream assembler behind
+:meth:`OpenAICompatibleClient.stream`, which folds the chunks back into the body
+:func:`parse_response` reads, so a streamed reply and a whole one come out equal.
+
+Quirks of real servers that are accepted: ``content`` null or ``""`` next to tool calls,
+tool-call ids that are ``""`` or integers, ``arguments`` given as an object (or TGI's
+``parameters``), arguments that are not valid JSON (kept in ``raw_arguments``), the legacy
+``function_call``, ``refusal``, reasoning as ``reasoning_content`` (DeepSeek) or ``reasoning``
+(Ollama, Groq, OpenRouter), non-standard finish reasons, several choices, whitespace before the
+JSON, ``: comment`` lines, ``usage: null`` chunks, and errors reported inside a 200 answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, cast
+
+import httpx
+from pydantic import ValidationError
+
+from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
+from agent_plugin.messages import (
+    ChatMessage,
+    ContentPart,
+    Image,
+    ImagePart,
+    Role,
+    StopReason,
+    TextPart,
+    Thinking,
+    ThinkingPart,
+    TokenUsage,
+    ToolCall,
+    ToolCallPart,
+    ToolDefinition,
+    ToolResultPart,
+    text_of,
+)
+from agent_plugin.providers.base import (
+    ChatRequest,
+    ChatResponse,
+    StreamDone,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStarted,
+)
+from agent_plugin.providers.http import REDACTED, HttpTransport, SseEvent, redact
+from agent_plugin.providers.retry import RetryPolicy
+
+__all__ = ["PROVIDER", "OpenAICompatibleClient", "parse_response"]
+
+PROVIDER: Final = "openai-compatible"
+CHAT_PATH: Final = "/chat/completions"
+MODELS_PATH: Final = "/models"
+
+_TOKEN_MAX: Final = 2**32 - 1
+_TOOL_CHOICE_KEYWORDS: Final = frozenset({"auto", "none", "required"})
+_REASONING_KEYS: Final = ("reasoning_content", "reasoning")
+
+
+class OpenAICompatibleClient:
+    """An :class:`~agent_plugin.providers.base.LlmClient` for OpenAI-compatible servers.
+
+    ``api_key`` is sent as ``Authorization: Bearer <key>`` when given (local servers usually need
+    none); it never appears in ``repr``, errors or logs. ``transport`` replaces httpx's network
+    transport (tests, proxies).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str = "gpt-4o-mini",
+        base_url: str = "https://api.openai.com/v1",
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen, so sharing is safe
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key or None
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = HttpTransport(
+            PROVIDER,
+            self.base_url,
+            headers=headers,
+            timeout=timeout,
+            retry=retry,
+            secret=self._api_key,
+            transport=transport,
+        )
+
+    @property
+    def provider_name(self) -> str:
+        return PROVIDER
+
+    def __repr__(self) -> str:
+        key = repr(REDACTED) if self._api_key else "None"
+        return (
+            f"OpenAICompatibleClient(model={self.model!r}, base_url={self.base_url!r}, "
+            f"api_key={key})"
+        )
+
+    async def aclose(self) -> None:
+        """Release the connection pool."""
+        await self._http.aclose()
+
+    def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
+        """The JSON body for ``request`` (reference §1.4).
+
+        ``tools`` and ``tool_choice`` are sent only when there are tools; ``max_tokens``,
+        ``temperature`` and ``stop`` only when set; a stream asks for the usage chunk.
+        ``request.extra_body`` is merged last, and a ``None`` value there removes the key (for
+        example ``{"max_tokens": None, "max_completion_tokens": 500}`` for OpenAI's reasoning
+        models, which refuse ``max_tokens``).
+        """
+        body: dict[str, Any] = {
+            "model": request.model or self.model,
+            "messages": _messages(request.messages),
+        }
+        if request.tools:
+            body["tools"] = [_tool_definition(tool) for tool in request.tools]
+            body["tool_choice"] = _tool_choice(request.tool_choice)
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        for key, value in request.extra_body.items():
+            if value is None:
+                body.pop(key, None)
+            else:
+                body[key] = value
+        return body
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        """Send the request and return the whole reply."""
+        data = await self._http.post_json(
+            CHAT_PATH,
+            self.build_body(request, stream=False),
+            deadline=request.deadline,
+            on_retry=request.on_retry,
+        )
+        try:
+            return parse_response(data, PROVIDER)
+        except AgentError as error:
+            raise _scrubbed(error, self._api_key) from None
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        """Send the request and yield deltas as they arrive, then one :class:`StreamDone`.
+
+        An error the server reports inside the stream (HTTP 200) raises :class:`AgentError`
+        after the deltas before it; a stream that stops without a finish reason and without
+        ``[DONE]`` raises a Transport error ("stream ended early").
+        """
+        assembler = _StreamAssembler(PROVIDER)
+        # post_sse is an async generator; closing it early releases the connection
+        sse = cast(
+            AsyncGenerator[SseEvent, None],
+            self._http.post_sse(
+                CHAT_PATH,
+                self.build_body(request, stream=True),
+                deadline=request.deadline,
+                on_retry=request.on_retry,
+            ),
+        )
+        try:
+            async with contextlib.aclosing(sse) as events:
+                async for event in events:
+                    for delta in assembler.feed(event):
+                        yield delta
+                    if assembler.done:
+                        break
+            if not assembler.done and not assembler.finished:
+                raise AgentError(
+                    ErrorKind.TRANSPORT,
+                    f"{PROVIDER} stream ended early (no finish reason and no [DONE])",
+                    provider=PROVIDER,
+                )
+            for delta in assembler.flush():
+                yield delta
+            response = assembler.response()
+        except AgentError as error:
+            raise _scrubbed(error, self._api_key) from None
+        yield StreamDone(response)
+
+    async def list_models(self) -> list[str]:
+        """Model ids from ``GET {base}/models`` (``{"data": [{"id": ...}]}``)."""
+        data = await self._http.get_json(MODELS_PATH)
+        items = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise AgentError.decode(f"{PROVIDER} model list has no data array", provider=PROVIDER)
+        ids: list[str] = []
+        for item in items:
+            model_id = item.get("id") if isinstance(item, dict) else None
+            if not isinstance(model_id, str):
+                raise AgentError.decode(f"{PROVIDER} model list entry has no id", provider=PROVIDER)
+            ids.append(model_id)
+        return ids
+
+
+# --- request -------------------------------------------------------------------------------
+
+
+def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role is Role.TOOL:
+            out.extend(
+                {
+                    "role": "tool",
+                    "tool_call_id": part.tool_result.tool_call_id,
+                    "content": part.tool_result.content,
+                }
+                for part in message.content
+                if isinstance(part, ToolResultPart)
+            )
+        elif message.role is Role.ASSISTANT:
+            out.append(_assistant_message(message.content))
+        elif message.role is Role.USER and any(isinstance(p, ImagePart) for p in message.content):
+            out.append({"role": "user", "content": _content_array(message.content)})
+        else:
+            out.append({"role": message.role.value, "content": text_of(message.content)})
+    return out
+
+
+def _assistant_message(parts: list[ContentPart]) -> dict[str, Any]:
+    """Text (``""`` when there is none, ``null`` next to tool calls), tool calls, reasoning.
+
+    Unsigned thinking (DeepSeek's ``reasoning_content``, Ollama's and Groq's ``reasoning``) is
+    re-sent as ``reasoning_content``, which DeepSeek needs within a tool-calling turn; signed
+    (Anthropic) and redacted thinking mean nothing to these servers and are dropped.
+    """
+    text = text_of(parts)
+    calls = [_wire_tool_call(p.tool_call) for p in parts if isinstance(p, ToolCallPart)]
+    thinking = [
+        p.thinking.text
+        for p in parts
+        if isinstance(p, ThinkingPart) and p.thinking.signature is None
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+    if thinking:
+        message["reasoning_content"] = "".join(thinking)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _wire_tool_call(call: ToolCall) -> dict[str, Any]:
+    if call.raw_arguments is not None:
+        arguments = call.raw_arguments
+    elif isinstance(call.arguments, dict):
+        arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
+    else:
+        arguments = "{}"
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments},
+    }
+
+
+def _content_array(parts: list[ContentPart]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part, TextPart):
+            out.append({"type": "text", "text": part.text})
+        elif isinstance(part, ImagePart):
+            out.append({"type": "image_url", "image_url": {"url": _image_url(part.image)}})
+    return out
+
+
+def _image_url(image: Image) -> str:
+    if image.url is not None:
+        return image.url
+    if image.data is not None and image.media_type is not None:
+        return f"data:{image.media_type};base64,{image.data}"
+    raise AgentError.config("an image needs a url, or data together with its media_type")
+
+
+def _tool_definition(tool: ToolDefinition) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.input_schema,
+        },
+    }
+
+
+def _tool_choice(choice: str | None) -> str | dict[str, Any]:
+    if choice is None:
+        return "auto"
+    if choice in _TOOL_CHOICE_KEYWORDS:
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+# --- response ------------------------------------------------------------------------------
+
+
+def parse_response(data: object, provider: str = PROVIDER) -> ChatResponse:
+    """A chat-completions body as a :class:`ChatResponse`.
+
+    Raises only :class:`AgentError`: Decode when the body has the wrong shape, and the kind
+    the server's own ``error`` object implies when it reported an error with status 200.
+    Only ``choices[0]`` is read.
+    """
+    if not isinstance(data, dict):
+        raise _decode(provider, "response body is not a JSON object")
+    _raise_reported_error(data, provider)
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise _decode(provider, "response has no choices")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise _decode(provider, "response choice is not an object")
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise _decode(provider, "response choice has no message")
+
+    thinking = _reasoning(message)
+    text = _content_text(message.get("content"), provider)
+    refusal = message.get("refusal")
+    refusal = refusal if isinstance(refusal, str) else ""
+    calls = _tool_calls(message, provider)
+    finish = choice.get("finish_reason")
+    raw_stop = finish if isinstance(finish, str) else None
+
+    parts: list[ContentPart] = []
+    if thinking:
+        parts.append(ThinkingPart(thinking=Thinking(text=thinking)))
+    if text:
+        parts.append(TextPart(text=text))
+    if refusal:
+        parts.append(TextPart(text=refusal))
+    parts.extend(ToolCallPart(tool_call=call) for call in calls)
+    try:
+        return ChatResponse(
+            content=parts,
+            stop_reason=_stop_reason(raw_stop, tool_calls=bool(calls), refused=bool(refusal)),
+            usage=_usage(data.get("usage")),
+            model=_optional_id(data.get("model")),
+            id=_optional_id(data.get("id")),
+            raw_stop_reason=raw_stop,
+        )
+    except ValidationError as exc:
+        raise _decode(provider, f"response does not fit the message model: {exc}") from None
+
+
+def _decode(provider: str, what: str) -> AgentError:
+    return AgentError.decode(f"{provider} {what}"[: BODY_LIMIT * 2], provider=provider)
+
+
+def _raise_reported_error(data: Mapping[str, Any], provider: str) -> None:
+    """Raise the error a server put in a 200 body or a stream chunk (OpenRouter does both)."""
+    error = data.get("error")
+    if not error:
+        return
+    message: object = error.get("message") if isinstance(error, dict) else error
+    code: object = error.get("code") if isinstance(error, dict) else None
+    status = _http_status(code)
+    kind = ErrorKind.PROVIDER if status is None else ErrorKind.from_http_status(status)
+    body = _json_text(error)
+    detail = message if isinstance(message, str) and message else body
+    raise AgentError(
+        kind,
+        f"{provider} reported an error: {detail[:BODY_LIMIT]}",
+        provider=provider,
+        status=status,
+        body=body,
+    )
+
+
+def _http_status(code: object) -> int | None:
+    if isinstance(code, str) and code.isascii() and code.isdigit() and len(code) == 3:
+        code = int(code)
+    if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599:
+        return code
+    return None
+
+
+def _json_text(value: object) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)[:BODY_LIMIT]
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)[:BODY_LIMIT]
+
+
+def _reasoning(message: Mapping[str, Any]) -> str:
+    """DeepSeek's ``reasoning_content``, else the ``reasoning`` of Ollama, Groq, OpenRouter."""
+    for key in _REASONING_KEYS:
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _content_text(content: object, provider: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content-part arrays (Mistral-style servers)
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict)
+            and isinstance(part.get("text"), str)
+            and part.get("type", "text") == "text"
+        )
+    raise _decode(provider, "message content is neither text nor null")
+
+
+def _tool_calls(message: Mapping[str, Any], provider: str) -> list[ToolCall]:
+    raw = message.get("tool_calls")
+    if raw is not None and not isinstance(raw, list):
+        raise _decode(provider, "message tool_calls is not an array")
+    calls = [_tool_call(item, provider) for item in raw or []]
+    legacy = message.get("function_call")
+    if not calls and legacy is not None:
+        if not isinstance(legacy, dict):
+            raise _decode(provider, "message function_call is not an object")
+        calls.append(_function_call("", legacy, provider))
+    return calls
+
+
+def _tool_call(item: object, provider: str) -> ToolCall:
+    if not isinstance(item, dict):
+        raise _decode(provider, "tool_call is not an object")
+    function = item.get("function")
+    if not isinstance(function, dict):
+        raise _decode(provider, "tool_call has no function object")
+    return _function_call(_call_id(item.get("id"), provider), function, provider)
+
+
+def _call_id(value: object, provider: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):  # TGI 1.4 sends 0
+        return str(value)
+    raise _decode(provider, "tool_call id is neither text nor a number")
+
+
+def _function_call(call_id: str, function: Mapping[str, Any], provider: str) -> ToolCall:
+    name = function.get("name")
+    if name is not None and not isinstance(name, str):
+        raise _decode(provider, "tool_call function name is not text")
+    arguments = function.get("arguments")
+    if arguments is None:
+        arguments = function.get("parameters")  # TGI 1.4: an object under another name
+    raw: str | None = None
+    if isinstance(arguments, str):
+        if not arguments.strip():
+            arguments = None
+        else:
+            try:
+                arguments = json.loads(arguments)
+            except (ValueError, RecursionError):
+                raw, arguments = arguments, None
+    try:
+        return ToolCall(
+            id=call_id,
+            name=name or "",
+            arguments={} if arguments is None else arguments,
+            raw_arguments=raw,
+        )
+    except ValidationError as exc:
+        raise _decode(provider, f"tool_call arguments are not JSON values: {exc}") from None
+
+
+def _stop_reason(finish: str | None, *, tool_calls: bool, refused: bool) -> StopReason:
+    if refused or finish == "content_filter":
+        return StopReason.REFUSAL
+    if finish in ("tool_calls", "function_call"):
+        return StopReason.TOOL_USE
+    if finish == "length":
+        return StopReason.MAX_TOKENS
+    if finish == "stop":  # TGI 3 says "stop" after a tool call
+        return StopReason.TOOL_USE if tool_calls else StopReason.END_TURN
+    return StopReason.UNKNOWN
+
+
+def _usage(raw: object) -> TokenUsage:
+    """OpenAI usage; cached prompt tokens from ``prompt_tokens_details`` or DeepSeek's fields."""
+    if not isinstance(raw, dict):
+        return TokenUsage()
+    details = raw.get("prompt_tokens_details")
+    if not isinstance(details, dict):
+        details = {}
+    cache_read = _count(details.get("cached_tokens"))
+    if cache_read is None:
+        cache_read = _count(raw.get("prompt_cache_hit_tokens"))  # DeepSeek
+    if cache_read is None:
+        cache_read = _count(raw.get("cached_tokens"))  # HF router (together)
+    return TokenUsage(
+        input_tokens=_count(raw.get("prompt_tokens")) or 0,
+        output_tokens=_count(raw.get("completion_tokens")) or 0,
+        cache_read_tokens=cache_read or 0,
+        cache_write_tokens=_count(details.get("cache_write_tokens")) or 0,  # OpenRouter
+    )
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        return min(max(value, 0), _TOKEN_MAX)
+    return None
+
+
+def _optional_id(value: object) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def _scrubbed(error: AgentError, secret: str | None) -> AgentError:
+    """``error`` with ``secret`` removed from its message and body (servers echo keys)."""
+    if not secret or (
+        secret not in error.message and (error.body is None or secret not in error.body)
+    ):
+        return error
+    return AgentError(
+        error.kind,
+        redact(error.message, secret),
+        provider=error.provider,
+        status=error.status,
+        retry_after=error.retry_after,
+        body=redact(error.body, secret) if error.body is not None else None,
+    )
+
+
+# --- streaming -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _ToolCallBuffer:
+    position: int
+    id: object = None
+    name: str | None = None
+    fragments: list[str] = field(default_factory=list)
+    whole: object = None
+    announced: bool = False
+
+    def wire(self) -> dict[str, Any]:
+        arguments: object = "".join(self.fragments) if self.fragments else self.whole
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": arguments},
+        }
+
+
+class _StreamAssembler:
+    """Folds chat-completion chunks into deltas and, at the end, the equivalent whole body.
+
+    Only choice 0 is followed. Tool calls are assembled by their ``index``; id and name come
+    from the first delta that carries them (Groq sends a whole call in one delta).
+    """
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+        self.done = False
+        self.finished = False
+        self._id: object = None
+        self._model: object = None
+        self._finish: object = None
+        self._usage: object = None
+        self._text: list[str] = []
+        self._refusal: list[str] = []
+        self._thinking: list[str] = []
+        self._calls: list[_ToolCallBuffer] = []
+        self._by_index: dict[object, _ToolCallBuffer] = {}
+
+    def feed(self, event: SseEvent) -> list[StreamEvent]:
+        """The deltas in one server-sent event; sets :attr:`done` at ``[DONE]``."""
+        if event.data.strip() == "[DONE]":
+            self.done = True
+            return []
+        try:
+            chunk = json.loads(event.data)
+        except (ValueError, RecursionError):
+            raise _decode(self.provider, "stream chunk is not JSON") from None
+        if event.event == "error":  # an SSE error event, whatever its payload looks like
+            nested = chunk.get("error") if isinstance(chunk, dict) else None
+            _raise_reported_error({"error": nested or chunk or event.data}, self.provider)
+        if not isinstance(chunk, dict):
+            raise _decode(self.provider, "stream chunk is not a JSON object")
+        _raise_reported_error(chunk, self.provider)
+        if self._id is None:
+            self._id = chunk.get("id")
+        if self._model is None:
+            self._model = chunk.get("model")
+        self._take_usage(chunk)
+        choices = chunk.get("choices")
+        if choices is None:
+            return []
+        if not isinstance(choices, list):
+            raise _decode(self.provider, "stream chunk choices is not an array")
+        deltas: list[StreamEvent] = []
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise _decode(self.provider, "stream choice is not an object")
+            if choice.get("index", 0) not in (0, None):
+                continue
+            delta = choice.get("delta")
+            if delta is not None:
+                if not isinstance(delta, dict):
+                    raise _decode(self.provider, "stream delta is not an object")
+                deltas.extend(self._delta(delta))
+            finish = choice.get("finish_reason")
+            if finish is not None:
+                self._finish = finish
+                self.finished = True
+        return deltas
+
+    def flush(self) -> list[StreamEvent]:
+        """Starts for tool calls that never carried a name or arguments fragment."""
+        return [self._announce(call) for call in self._calls if not call.announced]
+
+    def response(self) -> ChatResponse:
+        """The reply, parsed from the non-streaming body these chunks add up to."""
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._text) or None}
+        if self._refusal:
+            message["refusal"] = "".join(self._refusal)
+        if self._thinking:
+            message["reasoning_content"] = "".join(self._thinking)
+        if self._calls:
+            message["tool_calls"] = [call.wire() for call in self._calls]
+        body = {
+            "id": self._id,
+            "model": self._model,
+            "choices": [{"index": 0, "message": message, "finish_reason": self._finish}],
+            "usage": self._usage,
+        }
+        return parse_response(body, self.provider)
+
+    def _take_usage(self, chunk: Mapping[str, Any]) -> None:
+        usage = chunk.get("usage")
+        if not isinstance(usage, dict):
+            groq = chunk.get("x_groq")
+            usage = groq.get("usage") if isinstance(groq, dict) else None
+        if isinstance(usage, dict):
+            self._usage = usage
+
+    def _delta(self, delta: Mapping[str, Any]) -> list[StreamEvent]:
+        out: list[StreamEvent] = []
+        for key in _REASONING_KEYS:
+            value = delta.get(key)
+            if isinstance(value, str) and value:
+                self._thinking.append(value)
+                out.append(ThinkingDelta(value))
+                break
+        content = _content_text(delta.get("content"), self.provider)
+        if content:
+            self._text.append(content)
+            out.append(TextDelta(content))
+        refusal = delta.get("refusal")
+        if isinstance(refusal, str) and refusal:
+            self._refusal.append(refusal)
+            out.append(TextDelta(refusal))
+        calls = delta.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise _decode(self.provider, "stream delta tool_calls is not an array")
+            for item in calls:
+                out.extend(self._tool_delta(item))
+        legacy = delta.get("function_call")
+        if legacy is not None and not calls:
+            out.extend(self._tool_delta({"index": "function_call", "function": legacy}))
+        return out
+
+    def _tool_delta(self, item: object) -> list[StreamEvent]:
+        if not isinstance(item, dict):
+            raise _decode(self.provider, "stream tool_call delta is not an object")
+        function = item.get("function")
+        if function is None:
+            function = {}
+        if not isinstance(function, dict):
+            raise _decode(self.provider, "stream tool_call function is not an object")
+        call = self._buffer_for(item)
+        out: list[StreamEvent] = []
+        call_id = item.get("id")
+        if call.id is None and call_id is not None:
+            _call_id(call_id, self.provider)  # same type rule as a whole body
+            call.id = call_id
+        name = function.get("name")
+        if name is not None and not isinstance(name, str):
+            raise _decode(self.provider, "tool_call function name is not text")
+        if call.name is None and name:
+            call.name = name
+        arguments = function.get("arguments")
+        if arguments is None:
+            arguments = function.get("parameters")
+        fragment = ""
+        if isinstance(arguments, str):
+            call.fragments.append(arguments)
+            fragment = arguments
+        elif arguments is not None:
+            call.whole = arguments
+            fragment = _json_text(arguments)
+        if not call.announced and (call.name or fragment):
+            out.append(self._announce(call))
+        if fragment:
+            out.append(ToolCallArgumentsDelta(call.position, fragment))
+        return out
+
+    def _buffer_for(self, item: Mapping[str, Any]) -> _ToolCallBuffer:
+        index = item.get("index")
+        if isinstance(index, bool) or not isinstance(index, int | str):
+            # no usable index: a new call when a new id shows up, else the latest call
+            call_id = item.get("id")
+            last = self._calls[-1] if self._calls else None
+            if last is not None and (call_id is None or call_id == last.id):
+                return last
+            index = ("position", len(self._calls))
+        call = self._by_index.get(index)
+        if call is None:
+            call = _ToolCallBuffer(position=len(self._calls))
+            self._calls.append(call)
+            self._by_index[index] = call
+        return call
+
+    def _announce(self, call: _ToolCallBuffer) -> ToolCallStarted:
+        call.announced = True
+        call_id = _optional_id(call.id) or ""
+        return ToolCallStarted(call.position, call_id, call.name or "")

@@ -1,0 +1,141 @@
+"""Retrying provider calls: full-jitter exponential backoff that honours ``Retry-After``."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import TypeVar
+
+from agent_plugin.errors import AgentError
+
+__all__ = ["RetryNotice", "RetryPolicy", "parse_retry_after", "retry_call"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently a failed call is tried again.
+
+    ``max_attempts`` counts every attempt, the first included. The wait before retry ``n``
+    (0-based) is the server's ``Retry-After`` (capped at ``max_retry_after``) when it sent one,
+    else a random time in ``[0, min(base_delay * 2**n, max_delay)]``. Only retryable kinds
+    (RateLimited, Unavailable, Transport) are retried, and never past the caller's deadline.
+    """
+
+    max_attempts: int = 4
+    base_delay: float = 0.5
+    max_delay: float = 10.0
+    max_retry_after: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise AgentError.config("RetryPolicy.max_attempts must be at least 1")
+        for delay in (self.base_delay, self.max_delay, self.max_retry_after):
+            if not (math.isfinite(delay) and delay >= 0):
+                raise AgentError.config("RetryPolicy delays must be finite and not negative")
+
+    @classmethod
+    def never(cls) -> RetryPolicy:
+        """A policy that makes one attempt and never retries."""
+        return cls(max_attempts=1)
+
+    def wait_before(self, retry: int, error: AgentError) -> float:
+        """Seconds to wait before retry ``retry`` (0-based) after ``error``."""
+        if error.retry_after is not None and math.isfinite(error.retry_after):
+            return min(max(error.retry_after, 0.0), self.max_retry_after)
+        # 2**64 times any positive delay is past every sensible cap; bounding the exponent keeps
+        # the float arithmetic from overflowing for huge attempt counts.
+        ceiling = min(self.base_delay * 2.0 ** min(max(retry, 0), 64), self.max_delay)
+        return random.uniform(0.0, ceiling)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryNotice:
+    """Reported before each retry: which attempt failed, how long we wait, and why.
+
+    ``attempt`` is the 1-based number of the attempt that failed, ``wait`` the seconds slept
+    before the next one, ``elapsed`` the seconds since the first attempt started. The HTTP
+    status, when there was one, is ``error.status``.
+    """
+
+    attempt: int
+    max_attempts: int
+    wait: float
+    error: AgentError
+    elapsed: float = 0.0
+
+
+async def retry_call(
+    op: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    *,
+    deadline: float | None = None,
+    on_retry: Callable[[RetryNotice], None] | None = None,
+) -> T:
+    """Run ``op`` until it succeeds, fails for good, or retrying would pass ``deadline``.
+
+    Only an :class:`AgentError` of a retryable kind is retried, at most until
+    ``policy.max_attempts`` attempts were made; the last error is raised unchanged. When the
+    wait before the next attempt would end at or after ``deadline`` (event-loop time,
+    ``loop.time()``), the error is raised at once instead of sleeping. ``on_retry`` hears of
+    each retry before its wait.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    attempt = 1
+    while True:
+        try:
+            return await op()
+        except AgentError as error:
+            if not error.retryable or attempt >= policy.max_attempts:
+                raise
+            wait = policy.wait_before(attempt - 1, error)
+            now = loop.time()
+            if deadline is not None and now + wait >= deadline:
+                raise
+            if on_retry is not None:
+                on_retry(RetryNotice(attempt, policy.max_attempts, wait, error, now - started))
+            await asyncio.sleep(wait)
+            attempt += 1
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms``, or ``retry-after`` (seconds or an HTTP date).
+
+    Header names match in any case. A valid ``retry-after-ms`` wins over ``retry-after``; a
+    date in the past means no wait (0.0); a value that is neither a non-negative finite number
+    nor an HTTP date counts as absent (None).
+    """
+    lowered = {name.lower(): value for name, value in headers.items()}
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        millis = _seconds(raw_ms)
+        if millis is not None:
+            return millis / 1000.0
+    raw = lowered.get("retry-after")
+    if raw is None:
+        return None
+    seconds = _seconds(raw)
+    if seconds is not None:
+        return seconds
+    try:
+        when = parsedate_to_datetime(raw.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
+
+
+def _seconds(raw: str) -> float | None:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None

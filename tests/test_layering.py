@@ -1,0 +1,80 @@
+"""The core must import with the adapters' dependencies missing (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+import textwrap
+
+import agent_plugin
+
+BLOCKED = ("fastapi", "starlette", "arq", "redis", "sqlalchemy", "alembic")
+ADAPTERS = (
+    "agent_plugin.plugin",
+    "agent_plugin.health",
+    "agent_plugin.jobs",
+    "agent_plugin.storage",
+)
+
+
+def core_modules() -> list[str]:
+    names = [
+        info.name for info in pkgutil.walk_packages(agent_plugin.__path__, prefix="agent_plugin.")
+    ]
+    return sorted(
+        name for name in names if not any(name == a or name.startswith(a + ".") for a in ADAPTERS)
+    )
+
+
+def test_the_core_imports_without_web_jobs_or_storage_dependencies() -> None:
+    modules = core_modules()
+    assert "agent_plugin.agent" in modules
+    script = textwrap.dedent(
+        f"""
+        import importlib, importlib.abc, sys
+
+        BLOCKED = {BLOCKED!r}
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError(f"the core imported {{name}}")
+                return None
+
+        sys.meta_path.insert(0, Block())
+        for name in {modules!r}:
+            importlib.import_module(name)
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+        assert not leaked, leaked
+        print("ok", len({modules!r}))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok")
+
+
+def test_the_block_really_blocks() -> None:
+    """The same finder stops an installed package (httpx) and a core module that needs it."""
+    script = textwrap.dedent(
+        """
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "httpx":
+                    raise ImportError(name)
+                return None
+        sys.meta_path.insert(0, Block())
+        try:
+            import agent_plugin.providers.http
+        except ImportError as error:
+            print("blocked", error)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.stdout.startswith("blocked httpx"), result.stdout + result.stderr

@@ -1,0 +1,201 @@
+"""Secret redaction for events and logs [OP-35].
+
+Credential-looking strings and the values of secret-named fields become ``[REDACTED]`` at any
+depth; short look-alikes and ordinary values stay as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import JsonValue
+
+from agent_plugin.redaction import REDACTED, looks_secret, redact, redact_text
+
+ANTHROPIC_KEY = "sk-ant-api03-" + "Ab3_xY-9" * 6
+OPENAI_KEY = "sk-proj-" + "k2Jd93LmQ0" * 4
+LEGACY_OPENAI_KEY = "sk-" + "a1B2c3D4e5" * 2  # exactly 20 characters after the prefix
+GITHUB_TOKENS = [
+    "ghp_" + "A1b2C3d4E5" * 4,
+    "gho_" + "Z9y8X7w6V5" * 3,
+    "ghs_" + "q" * 36,
+    "github_pat_11ABCDEFG0" + "x_Y" * 10,
+]
+JWT = (
+    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9"
+    ".eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIn0"
+    ".SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+)
+CREDENTIALED_URLS = [
+    "postgres://user:pass@host/db",
+    "postgresql+asyncpg://app:s3cr3t!@db.internal:5432/app?sslmode=require",
+    "redis://default:hunter2@cache:6379/0",
+    "https://deploy:ghs_notreallyatoken@github.com/org/repo.git",
+    "HTTPS://User:Pass@Example.com/",
+]
+
+
+# --- strings ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [ANTHROPIC_KEY, OPENAI_KEY, LEGACY_OPENAI_KEY, *GITHUB_TOKENS, JWT, *CREDENTIALED_URLS],
+)
+def test_credentials_are_redacted_in_strings(secret: str) -> None:
+    assert looks_secret(secret)
+    assert redact_text(secret) == REDACTED
+    embedded = f"use {secret} for this"
+    assert redact_text(embedded) == f"use {REDACTED} for this"
+    assert secret not in redact_text(embedded)
+    assert redact(secret) == REDACTED
+
+
+def test_every_secret_in_a_string_is_redacted() -> None:
+    text = f"key={OPENAI_KEY}, token={GITHUB_TOKENS[0]}\ndsn={CREDENTIALED_URLS[0]} jwt:{JWT}"
+    redacted = redact_text(text)
+    assert redacted == f"key={REDACTED}, token={REDACTED}\ndsn={REDACTED} jwt:{REDACTED}"
+
+
+def test_keys_inside_authorization_values_are_redacted() -> None:
+    assert redact_text(f"Bearer {ANTHROPIC_KEY}") == REDACTED
+    assert redact_text("Authorization: Bearer abcdefghijklmnopqrstuvwx") == (
+        f"Authorization: {REDACTED}"
+    )
+    assert redact_text(f'{{"x-api-key": "{ANTHROPIC_KEY}"}}') == f'{{"x-api-key": "{REDACTED}"}}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "sk-short",
+        "sk-" + "a" * 19,  # one short of a key
+        "sk-ant-tiny",
+        "ghp_short",
+        "gh_" + "a" * 30,  # not a GitHub token prefix
+        "https://example.com/path?q=1",
+        "https://example.com:8080/a:b",
+        "https://user@example.com/no-password",
+        "mailto:someone@example.com",
+        "someone@example.com",
+        "eyJhbGciOiJIUzI1NiJ9",  # one JWT segment is just base64
+        "risk-assessment-framework-2024-q3",  # words ending in "sk" are not keys
+        "task-0123456789abcdefghijklmnop",
+        "token",
+        "password",
+        "Bearer",
+        "",
+        "Ünïcödé 日本語 🙂",
+    ],
+)
+def test_look_alikes_stay(text: str) -> None:
+    assert not looks_secret(text)
+    assert redact_text(text) == text
+    assert redact(text) == text
+
+
+# --- fields ---------------------------------------------------------------------------------------
+
+SECRET_FIELDS = [
+    "password",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "private_key",
+    "access_token",
+    "refresh_token",
+    "authorization",
+    "proxy-authorization",
+]
+
+
+@pytest.mark.parametrize("field", SECRET_FIELDS)
+@pytest.mark.parametrize("spelling", [str.lower, str.upper, str.title])
+def test_secret_named_fields_are_redacted(field: str, spelling: Callable[[str], str]) -> None:
+    name = spelling(field)
+    assert redact({name: "plain value", "city": "Oslo"}) == {name: REDACTED, "city": "Oslo"}
+
+
+@pytest.mark.parametrize("value", ["", "x", 12345, 1.5, True, ["a", "b"], {"nested": "v"}])
+def test_any_value_of_a_secret_field_is_redacted(value: JsonValue) -> None:
+    assert redact({"password": value}) == {"password": REDACTED}
+
+
+def test_a_null_secret_field_stays_null() -> None:
+    assert redact({"token": None}) == {"token": None}
+
+
+def test_fields_are_redacted_at_any_depth() -> None:
+    arguments: JsonValue = {
+        "service": "billing",
+        "connections": [
+            {"name": "primary", "config": {"Password": "hunter2", "host": "db"}},
+            {"name": "replica", "auth": [{"ACCESS_TOKEN": "abc", "scope": "read"}]},
+        ],
+        "headers": {"Authorization": "Basic dXNlcjpwYXNz", "Accept": "application/json"},
+        "nested": [[{"refresh_token": "r"}], [{"note": f"key is {OPENAI_KEY}"}]],
+    }
+    assert redact(arguments) == {
+        "service": "billing",
+        "connections": [
+            {"name": "primary", "config": {"Password": REDACTED, "host": "db"}},
+            {"name": "replica", "auth": [{"ACCESS_TOKEN": REDACTED, "scope": "read"}]},
+        ],
+        "headers": {"Authorization": REDACTED, "Accept": "application/json"},
+        "nested": [[{"refresh_token": REDACTED}], [{"note": f"key is {REDACTED}"}]],
+    }
+
+
+def test_ordinary_fields_and_values_stay() -> None:
+    arguments: JsonValue = {
+        "kind": "token",
+        "field": "password",
+        "max_tokens": 100,
+        "input_tokens": 3,
+        "tokenizer": "cl100k",
+        "secretary": "Ada",
+        "url": "https://example.com/docs",
+    }
+    assert redact(arguments) == arguments
+
+
+@pytest.mark.parametrize(
+    "value", [None, True, False, 0, -7, 2**40, 3.25, [], {}, [1, None, False, 2.5]]
+)
+def test_non_string_values_pass_through(value: JsonValue) -> None:
+    assert redact(value) == value
+    assert redact({"data": value}) == {"data": value}
+
+
+def test_redact_does_not_touch_its_input() -> None:
+    arguments: JsonValue = {"password": "hunter2", "items": [{"token": "t"}], "dsn": JWT}
+    redact(arguments)
+    assert arguments == {"password": "hunter2", "items": [{"token": "t"}], "dsn": JWT}
+
+
+_plain = st.text(alphabet="abcdefghij klm.,:/-_0123", max_size=12)
+_json: st.SearchStrategy[JsonValue] = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _plain,
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(st.sampled_from(["a", "city", "items", "n"]), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@given(_json)
+@settings(max_examples=50)
+def test_values_without_secrets_are_unchanged(value: JsonValue) -> None:
+    assert redact(value) == value
+
+
+@given(_json, st.sampled_from([OPENAI_KEY, ANTHROPIC_KEY, JWT, GITHUB_TOKENS[0]]))
+@settings(max_examples=50)
+def test_a_planted_secret_never_survives(value: JsonValue, secret: str) -> None:
+    planted: JsonValue = {"payload": value, "deep": [{"note": f"see {secret}"}], "Token": secret}
+    assert secret not in repr(redact(planted))
