@@ -3,7 +3,8 @@
 The names a user imports live here; wire clients are in :mod:`agent_plugin.providers`.
 """
 
-from agent_plugin.agent import Agent, CancelToken, EventSink
+from agent_plugin.agent import Agent, EventSink
+from agent_plugin.cancellation import CancelToken
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent
 from agent_plugin.hooks import (

@@ -19,13 +19,13 @@ import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final, Literal, TypeVar
+from typing import Final, Literal
 
 from pydantic import JsonValue
 
 from agent_plugin.budget import Budget, estimate_message, truncate_history
+from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
 from agent_plugin.errors import AgentError
 from agent_plugin.events import (
     AgentEvent,
@@ -39,16 +39,13 @@ from agent_plugin.events import (
     TextDeltaEvent,
     ThinkingDeltaEvent,
     ToolCallDeltaEvent,
-    ToolFinished,
-    ToolStarted,
     TurnEnded,
     TurnStarted,
 )
 from agent_plugin.hooks import (
     AgentHooks,
-    Block,
     CancelRun,
-    Modify,
+    HookSet,
     PauseRun,
     RunControl,
     ToolOutput,
@@ -101,72 +98,23 @@ from agent_plugin.providers.base import (
 )
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.redaction import redact
+from agent_plugin.rounds import ToolRound
 from agent_plugin.tools import (
     Tool,
-    ToolContext,
     ToolRegistry,
-    ToolReturn,
-    canonical_json,
     error_payload,
-    truncate_chars,
 )
 
-__all__ = ["Agent", "CancelToken", "EventSink"]
+__all__ = ["Agent", "EventSink"]
 
 EventSink = Callable[[AgentEvent], None]
 """Receives every event of a run, synchronously, in order. Must not block."""
 
-T = TypeVar("T")
-
-CANCEL_GRACE: Final = 0.5
-"""Seconds running tools get to finish after a cancel before their outcome is 'unknown'."""
-
-_DEADLINE_PAYLOAD: Final = "the tool did not finish before the run deadline"
-_UNKNOWN_PAYLOAD: Final = (
-    "the run was cancelled while this call was running; whether it completed, and what it "
-    "changed, is unknown"
-)
-_NOT_RUN_PAYLOAD: Final = "the run was cancelled before this call ran"
-
-
-class CancelToken:
-    """Cancels a run from outside: ``token.cancel()``; the run ends ``cancelled``.
-
-    The loop checks the token before every model request, races it against model calls and
-    tool rounds, and never records a partial assistant message.
-    """
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-        self.reason = "cancelled"
-
-    def cancel(self, reason: str = "cancelled") -> None:
-        if not self._event.is_set():
-            self.reason = reason
-            self._event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-    async def wait(self) -> None:
-        await self._event.wait()
-
-
-class _RunCancelled(Exception):
-    pass
+_NOT_RUN: Final = error_payload("the run was cancelled before this call ran")
 
 
 class _DeadlinePassed(Exception):
     pass
-
-
-@dataclass(frozen=True, slots=True)
-class _Ready:
-    """A call that passed every gate and hook and will be executed."""
-
-    tool: Tool
-    call: ToolCall
 
 
 class Agent:
@@ -212,7 +160,8 @@ class Agent:
         self.budget = Budget(max_steps=max_steps, max_tokens=max_tokens)
         self.per_tool_output_limit = per_tool_output_limit
         self.temperature = temperature
-        self.hooks = list(hooks)
+        self.hooks = tuple(hooks)
+        self.hook_set = HookSet(list(self.hooks))
         self.policy: ToolPolicy = policy if policy is not None else AllowAll()
         self.loop_guard = loop_guard if loop_guard is not None else LoopGuard()
         self.max_duration = max_duration
@@ -403,24 +352,6 @@ async def _events_of(
                 await task
 
 
-class _Hooks:
-    """The overridden methods of the registered hooks, so unused ones cost nothing."""
-
-    def __init__(self, hooks: list[AgentHooks]) -> None:
-        def overriding(name: str) -> list[Any]:
-            return [
-                getattr(h, name)
-                for h in hooks
-                if getattr(type(h), name, None) is not getattr(AgentHooks, name)
-            ]
-
-        self.before_model = overriding("before_model")
-        self.after_model = overriding("after_model")
-        self.before_tool = overriding("before_tool")
-        self.after_tool = overriding("after_tool")
-        self.on_outcome = overriding("on_outcome")
-
-
 class _Run:
     """The mutable state of one run or resume, and the loop that drives it."""
 
@@ -450,12 +381,23 @@ class _Run:
         self.cancel = cancel
         self.emit = emit
         self.streaming = streaming
-        self.hooks = _Hooks(agent.hooks)
+        self.hooks = agent.hook_set
         self.system = agent.system_message()
         self.system_cost = estimate_message(self.system) if self.system else 0
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.deadline = loop.time() + agent.max_duration if agent.max_duration else None
+        self.rounds = ToolRound(
+            tools=agent.tools,
+            hooks=self.hooks,
+            output_limit=agent.per_tool_output_limit,
+            parallel=agent.parallel_tool_calls,
+            run_id=run_id,
+            session_id=session_id,
+            deadline=self.deadline,
+            cancel=cancel,
+            emit=emit,
+        )
 
     # --- bookkeeping -----------------------------------------------------------------------
 
@@ -585,7 +527,7 @@ class _Run:
                 response = await self.call_model(request)
             except _DeadlinePassed:
                 return self.exhausted("deadline")
-            except _RunCancelled:
+            except RunCancelled:
                 return self.cancelled()
             control = None
             for after in self.hooks.after_model:
@@ -671,7 +613,7 @@ class _Run:
             return await call
         try:
             async with asyncio.timeout_at(self.deadline):
-                return await self.until_cancelled(call)
+                return await until_cancelled(call, self.cancel)
         except TimeoutError:
             if self.deadline_passed():
                 raise _DeadlinePassed from None
@@ -698,343 +640,105 @@ class _Run:
             f"the {self.agent.model.provider_name} stream ended without a final response"
         )
 
-    async def until_cancelled(self, awaitable: Awaitable[T]) -> T:
-        """Await ``awaitable`` unless the cancel token fires first."""
-        if self.cancel is None:
-            return await awaitable
-        if self.cancel.cancelled:
-            if asyncio.iscoroutine(awaitable):
-                awaitable.close()
-            raise _RunCancelled
-        task = asyncio.ensure_future(awaitable)
-        waiter = asyncio.ensure_future(self.cancel.wait())
-        try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        if task.cancelled():
-            raise _RunCancelled
-        return task.result()
-
-    # --- gating and running tool calls -----------------------------------------------------
+    # --- tool rounds ---------------------------------------------------------------------
 
     async def gate_and_run(self, calls: list[ToolCall]) -> AgentOutcome | None:
+        """Ask the policy about each call; pause for approval, or run the round."""
         info = self.info()
-        pending: list[PendingCall] = []
-        for call in calls:
-            decision = self.agent.policy.decide(call, self.agent.tools.get(call.name), info)
-            if isinstance(decision, RequireApproval):
-                pending.append(PendingCall(call=call, status=NeedsApproval(reason=decision.reason)))
-            elif isinstance(decision, Deny):
-                pending.append(PendingCall(call=call, status=Denied(reason=decision.reason)))
-            else:
-                pending.append(PendingCall(call=call, status=_ALLOWED))
-        if any(isinstance(p.status, NeedsApproval) for p in pending):
-            if self.emit is not None:
-                self.emit(
-                    ApprovalRequired(
-                        run_id=self.run_id,
-                        calls=[
-                            PendingApproval(
-                                call_id=p.call.id,
-                                name=p.call.name,
-                                arguments=redact(p.call.arguments),
-                                reason=p.status.reason,
-                            )
-                            for p in pending
-                            if isinstance(p.status, NeedsApproval)
-                        ],
-                    )
+        pending = [self.gate(call, info) for call in calls]
+        awaiting = [p for p in pending if isinstance(p.status, NeedsApproval)]
+        if not awaiting:
+            return await self.round(pending)
+        if self.emit is not None:
+            self.emit(
+                ApprovalRequired(
+                    run_id=self.run_id,
+                    calls=[
+                        PendingApproval(
+                            call_id=p.call.id,
+                            name=p.call.name,
+                            arguments=redact(p.call.arguments),
+                            reason=p.status.reason,
+                        )
+                        for p in awaiting
+                        if isinstance(p.status, NeedsApproval)
+                    ],
                 )
-            return AwaitingApproval(state=self.state(pending))
-        return await self.round(pending)
+            )
+        return AwaitingApproval(state=self.state(pending))
+
+    def gate(self, call: ToolCall, info: RunInfo) -> PendingCall:
+        decision = self.agent.policy.decide(call, self.agent.tools.get(call.name), info)
+        if isinstance(decision, RequireApproval):
+            return PendingCall(call=call, status=NeedsApproval(reason=decision.reason))
+        if isinstance(decision, Deny):
+            return PendingCall(call=call, status=Denied(reason=decision.reason))
+        return PendingCall(call=call, status=_ALLOWED)
 
     async def round(self, pending: list[PendingCall]) -> AgentOutcome | None:
         """Run one round of gated calls and append their results as one tool message."""
-        step = max(self.steps_used - 1, 0)
-        contexts = [
-            ToolContext(
-                run_id=self.run_id, call_id=p.call.id, session_id=self.session_id, step=step
-            )
-            for p in pending
-        ]
-        tools = self.agent.tools
-        sequential = not self.agent.parallel_tool_calls or any(
-            (tool := tools.get(p.call.name)) is not None and tool.sequential for p in pending
-        )
-        try:
-            if sequential or len(pending) == 1:
-                outputs = await self.run_sequentially(pending, contexts)
-            else:
-                outputs = await self.run_in_parallel(pending, contexts)
-        except _Stop as stop:
-            return stop.outcome
-        return self.record(pending, outputs)
-
-    async def run_sequentially(
-        self, pending: list[PendingCall], contexts: list[ToolContext]
-    ) -> list[tuple[ToolCall, ToolOutput]]:
-        outputs: list[tuple[ToolCall, ToolOutput]] = []
-        for index, (item, ctx) in enumerate(zip(pending, contexts, strict=True)):
-            prepared = await self.prepare(item, ctx)
-            if isinstance(prepared, (PauseRun, CancelRun)):
-                raise _Stop(self.halt_round(prepared, pending, outputs, index))
-            call = prepared.call if isinstance(prepared, _Ready) else item.call
-            self.tool_started(call)
-            if isinstance(prepared, _Ready):
-                try:
-                    output = await self.until_cancelled(self.invoke(prepared, ctx))
-                except _RunCancelled:
-                    outputs.append((call, _error(_UNKNOWN_PAYLOAD)))
-                    raise _Stop(self.cancel_round(pending, outputs)) from None
-            else:
-                output = prepared[1]
-                call = prepared[0]
-            await self.after_tool(call, output, ctx)
-            outputs.append((call, output))
-        return outputs
-
-    async def run_in_parallel(
-        self, pending: list[PendingCall], contexts: list[ToolContext]
-    ) -> list[tuple[ToolCall, ToolOutput]]:
-        prepared_all: list[_Ready | tuple[ToolCall, ToolOutput]] = []
-        for item, ctx in zip(pending, contexts, strict=True):
-            prepared = await self.prepare(item, ctx)
-            if isinstance(prepared, (PauseRun, CancelRun)):
-                raise _Stop(self.halt_round(prepared, pending, [], 0))
-            prepared_all.append(prepared)
-        for prepared in prepared_all:
-            self.tool_started(prepared.call if isinstance(prepared, _Ready) else prepared[0])
-        tasks = {
-            i: asyncio.ensure_future(self.invoke(p, contexts[i]))
-            for i, p in enumerate(prepared_all)
-            if isinstance(p, _Ready)
-        }
-        cancelled = False
-        if tasks:
-            if self.cancel is None:
-                await asyncio.wait(tasks.values())
-            else:
-                cancelled = await self.wait_or_cancel(list(tasks.values()))
-        outputs: list[tuple[ToolCall, ToolOutput]] = []
-        for i, prepared in enumerate(prepared_all):
-            if isinstance(prepared, _Ready):
-                task = tasks[i]
-                output = (
-                    task.result()
-                    if task.done() and not task.cancelled()
-                    else _error(_UNKNOWN_PAYLOAD)
-                )
-                outputs.append((prepared.call, output))
-            else:
-                outputs.append(prepared)
-        if cancelled:
-            raise _Stop(self.cancel_round(pending, outputs))
-        for (call, output), ctx in zip(outputs, contexts, strict=True):
-            await self.after_tool(call, output, ctx)
-        return outputs
-
-    async def wait_or_cancel(self, tasks: list[asyncio.Future[ToolOutput]]) -> bool:
-        """Wait for the round's tasks; on cancel, give them a grace period and report True."""
-        assert self.cancel is not None
-        waiter = asyncio.ensure_future(self.cancel.wait())
-        try:
-            remaining = set(tasks)
-            while remaining:
-                done, _ = await asyncio.wait(
-                    remaining | {waiter}, return_when=asyncio.FIRST_COMPLETED
-                )
-                remaining -= done
-                if waiter in done:
-                    break
-            else:
-                return False
-        finally:
-            waiter.cancel()
-        unfinished = [t for t in tasks if not t.done()]
-        for task in unfinished:
-            task.cancel()
-        if unfinished:
-            await asyncio.wait(unfinished, timeout=CANCEL_GRACE)
-        return True
-
-    async def prepare(
-        self, item: PendingCall, ctx: ToolContext
-    ) -> _Ready | tuple[ToolCall, ToolOutput] | PauseRun | CancelRun:
-        """Apply the gate verdict, argument checks and ``before_tool`` hooks to one call."""
-        call = item.call
-        status = item.status
-        if isinstance(status, Finished):
-            return call, ToolOutput(status.content, status.is_error)
-        if isinstance(status, Denied):
-            return call, _error(f"denied by policy: {status.reason}")
-        if isinstance(status, Rejected):
-            return call, _error(f"a reviewer rejected this call: {status.reason}")
-        if call.raw_arguments is not None:
-            return call, _error(f"tool arguments were not valid JSON: {_json_error(call)}")
-        tool = self.agent.tools.get(call.name)
-        if tool is not None and (problem := tool.validate(call.arguments)) is not None:
-            return call, _error(f"schema validation failed: {problem}")
-        modified = False
-        for before in self.hooks.before_tool:
-            verdict = await before(call, ctx)
-            if verdict is None:
-                continue
-            if isinstance(verdict, Modify):
-                call = call.model_copy(update={"arguments": verdict.arguments})
-                modified = True
-            elif isinstance(verdict, Block):
-                return call, _error(f"blocked by hook: {verdict.reason}")
-            elif isinstance(verdict, (PauseRun, CancelRun)):
-                return verdict
-        if tool is None:
-            return call, _error(f'unknown tool "{call.name}"')
-        if modified and (problem := tool.validate(call.arguments)) is not None:
-            return call, _error(f"schema validation failed: {problem}")
-        return _Ready(tool, call)
-
-    async def invoke(self, ready: _Ready, ctx: ToolContext) -> ToolOutput:
-        """Execute one call; every failure becomes an error payload for the model."""
-        try:
-            if self.deadline is None:
-                value = await ready.tool.execute(ready.call.arguments, ctx)
-            else:
-                async with asyncio.timeout_at(self.deadline) as scope:
-                    try:
-                        value = await ready.tool.execute(ready.call.arguments, ctx)
-                    except TimeoutError:
-                        if scope.expired():
-                            raise
-                        return _error("the tool timed out")
-        except TimeoutError:
-            return _error(_DEADLINE_PAYLOAD)
-        except AgentError as error:
-            return _error(error.message)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # a tool's failure is the model's information
-            return _error(str(error) or type(error).__name__)
-        terminate = False
-        if isinstance(value, ToolReturn):
-            terminate = value.terminate
-            value = value.value
-        try:
-            content = canonical_json(value)
-        except AgentError as error:
-            return _error(error.message)
-        return ToolOutput(
-            truncate_chars(content, self.agent.per_tool_output_limit), False, terminate
-        )
-
-    def tool_started(self, call: ToolCall) -> None:
-        if self.emit is not None:
-            self.emit(
-                ToolStarted(
-                    run_id=self.run_id,
-                    call_id=call.id,
-                    name=call.name,
-                    arguments=redact(call.arguments),
-                )
-            )
-
-    async def after_tool(self, call: ToolCall, output: ToolOutput, ctx: ToolContext) -> None:
-        for after in self.hooks.after_tool:
-            await after(call, output, ctx)
-        if self.emit is not None:
-            self.emit(
-                ToolFinished(
-                    run_id=self.run_id,
-                    call_id=call.id,
-                    name=call.name,
-                    content=output.content,
-                    is_error=output.is_error,
-                    terminate=output.terminate,
-                )
-            )
+        result = await self.rounds.run(pending, step=max(self.steps_used - 1, 0))
+        answered = result.answered
+        if isinstance(result.control, PauseRun):
+            finished = [
+                PendingCall(call=call, status=Finished(content=out.content, is_error=out.is_error))
+                for call, out in answered
+            ]
+            state = self.state(finished + pending[len(answered) :])
+            return Paused(reason=result.control.reason, state=state)
+        if isinstance(result.control, CancelRun) or result.cancelled:
+            self.record_cancelled(pending, answered)
+            if isinstance(result.control, CancelRun):
+                return self.stop(result.control, [])
+            return self.cancelled()
+        return self.record(pending, answered)
 
     def record(
-        self, pending: list[PendingCall], outputs: list[tuple[ToolCall, ToolOutput]]
+        self, pending: list[PendingCall], answered: list[tuple[ToolCall, ToolOutput]]
     ) -> AgentOutcome | None:
         """Append the round's results (loop-guard notes added) and decide whether to stop."""
         results: list[ToolResult] = []
-        stop: tuple[str, int] | None = None
-        for item, (call, output) in zip(pending, outputs, strict=True):
+        stop: Stop | None = None
+        stopping_tool = ""
+        for item, (call, output) in zip(pending, answered, strict=True):
             content = output.content
             verdict = self.tracker.record(call.name, call.arguments, content)
             if isinstance(verdict, Warn):
                 content += warning_note(call.name, verdict.repeats)
             elif isinstance(verdict, Stop) and stop is None:
-                stop = (call.name, verdict.repeats)
+                stop, stopping_tool = verdict, call.name
             results.append(
                 ToolResult(tool_call_id=item.call.id, content=content, is_error=output.is_error)
             )
         self.append(ChatMessage.tool_results(results))
         if stop is not None:
             return LoopDetected(
-                tool=stop[0], repeats=stop[1], steps_used=self.steps_used, usage=self.usage
+                tool=stopping_tool,
+                repeats=stop.repeats,
+                steps_used=self.steps_used,
+                usage=self.usage,
             )
-        if outputs and all(output.terminate for _, output in outputs):
-            text = "\n".join(_plain(output.content) for _, output in outputs)
+        if answered and all(output.terminate for _, output in answered):
+            text = "\n".join(_plain(output.content) for _, output in answered)
             return Completed(text=text, steps_used=self.steps_used, usage=self.usage)
         return None
 
-    def halt_round(
-        self,
-        control: PauseRun | CancelRun,
-        pending: list[PendingCall],
-        outputs: list[tuple[ToolCall, ToolOutput]],
-        index: int,
-    ) -> AgentOutcome:
-        """A ``before_tool`` hook paused or cancelled the run at call ``index``."""
-        if isinstance(control, CancelRun):
-            self.record_cancelled(pending, outputs)
-            return Cancelled(reason=control.reason, steps_used=self.steps_used, usage=self.usage)
-        remaining = [
-            PendingCall(call=call, status=Finished(content=out.content, is_error=out.is_error))
-            for call, out in outputs
-        ] + pending[index:]
-        return Paused(reason=control.reason, state=self.state(remaining))
-
-    def cancel_round(
-        self, pending: list[PendingCall], outputs: list[tuple[ToolCall, ToolOutput]]
-    ) -> Cancelled:
-        self.record_cancelled(pending, outputs)
-        return self.cancelled()
-
     def record_cancelled(
-        self, pending: list[PendingCall], outputs: list[tuple[ToolCall, ToolOutput]]
+        self, pending: list[PendingCall], answered: list[tuple[ToolCall, ToolOutput]]
     ) -> None:
         """Answer every call of a cancelled round so the transcript stays valid."""
         results = [
             ToolResult(tool_call_id=call.id, content=output.content, is_error=output.is_error)
-            for call, output in outputs
+            for call, output in answered
         ]
         results += [
-            ToolResult(
-                tool_call_id=p.call.id, content=error_payload(_NOT_RUN_PAYLOAD), is_error=True
-            )
-            for p in pending[len(outputs) :]
+            ToolResult(tool_call_id=p.call.id, content=_NOT_RUN, is_error=True)
+            for p in pending[len(answered) :]
         ]
         self.append(ChatMessage.tool_results(results))
 
 
-class _Stop(Exception):
-    """Leaves a round early with the outcome that ends the run."""
-
-    def __init__(self, outcome: AgentOutcome) -> None:
-        super().__init__(outcome.status)
-        self.outcome = outcome
-
-
 _ALLOWED: Final = Allowed()
-
-
-def _error(message: str) -> ToolOutput:
-    return ToolOutput(error_payload(message), is_error=True)
 
 
 def _with_call_ids(content: list[ContentPart]) -> list[ContentPart]:
@@ -1058,14 +762,6 @@ def _with_call_ids(content: list[ContentPart]) -> list[ContentPart]:
         seen.add(new_id)
         fixed[index] = ToolCallPart(tool_call=call.model_copy(update={"id": new_id}))
     return content if fixed is None else fixed
-
-
-def _json_error(call: ToolCall) -> str:
-    try:
-        json.loads(call.raw_arguments or "")
-    except ValueError as error:
-        return str(error)
-    return "not a JSON value"
 
 
 def _plain(content: str) -> str:

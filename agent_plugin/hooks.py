@@ -16,7 +16,7 @@ A paused run ends with a ``paused`` outcome carrying its :class:`~agent_plugin.o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pydantic import JsonValue
 
@@ -32,6 +32,7 @@ __all__ = [
     "Block",
     "CancelRun",
     "Continue",
+    "HookSet",
     "Modify",
     "PauseRun",
     "RunControl",
@@ -110,3 +111,24 @@ class AgentHooks:
     async def on_outcome(self, outcome: AgentOutcome, info: RunInfo) -> None:
         """Called once per run or resume that returns an outcome (pauses included)."""
         return
+
+
+class HookSet:
+    """The overridden methods of a list of hooks, in registration order.
+
+    Methods a hook inherits from :class:`AgentHooks` unchanged are left out, so hooks that do
+    not care about a point cost nothing there.
+    """
+
+    __slots__ = ("after_model", "after_tool", "before_model", "before_tool", "on_outcome")
+
+    def __init__(self, hooks: list[AgentHooks]) -> None:
+        def overriding(name: str) -> list[Any]:
+            default = getattr(AgentHooks, name)
+            return [getattr(h, name) for h in hooks if getattr(type(h), name, None) is not default]
+
+        self.before_model = overriding("before_model")
+        self.after_model = overriding("after_model")
+        self.before_tool = overriding("before_tool")
+        self.after_tool = overriding("after_tool")
+        self.on_outcome = overriding("on_outcome")

@@ -233,39 +233,46 @@ _UNANSWERED = '{"error":"no result was recorded for this call"}'
 
 def repair_transcript(messages: list[ChatMessage]) -> list[ChatMessage]:
     """A transcript providers accept: system messages dropped, every tool call answered by the
-    tool message right after it, and no tool result without its call.
+    one tool message right after it, and no tool result without its call.
 
-    A call whose result is missing is answered with an error payload, so the model knows its
-    outcome was not recorded. Valid transcripts come back unchanged (the same message objects).
+    Results split over several tool messages (one per call, as some clients store them) are
+    merged; a call whose result is missing is answered with an error payload, so the model
+    knows its outcome was not recorded. A valid transcript comes back unchanged, message for
+    message (the same objects).
     """
     out: list[ChatMessage] = []
-    open_calls: list[ToolCall] = []
+    calls: list[ToolCall] = []  # the calls of the last assistant turn
+    results: list[ToolResultPart] = []  # their results, as found so far
+    sources: list[ChatMessage] = []  # the tool messages those results came from
+
+    def close_round() -> None:
+        if not calls:
+            return
+        answered = {p.tool_result.tool_call_id for p in results}
+        missing = [c for c in calls if c.id not in answered]
+        if not missing and len(sources) == 1 and len(sources[0].content) == len(results):
+            out.append(sources[0])
+        else:
+            parts: list[ContentPart] = [*results, *_unanswered_parts(missing)]
+            out.append(ChatMessage(role=Role.TOOL, content=parts))
+
     for message in messages:
         if message.role is Role.SYSTEM:
             continue
         if message.role is Role.TOOL:
-            known = {c.id for c in open_calls}
-            results = [
-                p
-                for p in message.content
-                if isinstance(p, ToolResultPart) and p.tool_result.tool_call_id in known
-            ]
-            answered = {p.tool_result.tool_call_id for p in results}
-            missing = [c for c in open_calls if c.id not in answered]
-            open_calls = []
-            if not results and not missing:
-                continue
-            if missing or len(results) != len(message.content):
-                parts: list[ContentPart] = [*results, *_unanswered_parts(missing)]
-                message = ChatMessage(role=Role.TOOL, content=parts)
-            out.append(message)
+            if calls:
+                sources.append(message)
+                wanted = {c.id for c in calls} - {p.tool_result.tool_call_id for p in results}
+                for part in message.content:
+                    if isinstance(part, ToolResultPart) and part.tool_result.tool_call_id in wanted:
+                        wanted.discard(part.tool_result.tool_call_id)
+                        results.append(part)
             continue
-        if open_calls:
-            out.append(_unanswered(open_calls))
+        close_round()
         out.append(message)
-        open_calls = message.tool_calls if message.role is Role.ASSISTANT else []
-    if open_calls:
-        out.append(_unanswered(open_calls))
+        calls = message.tool_calls if message.role is Role.ASSISTANT else []
+        results, sources = [], []
+    close_round()
     return out
 
 
@@ -276,8 +283,3 @@ def _unanswered_parts(calls: list[ToolCall]) -> list[ToolResultPart]:
         )
         for c in calls
     ]
-
-
-def _unanswered(calls: list[ToolCall]) -> ChatMessage:
-    parts: list[ContentPart] = [*_unanswered_parts(calls)]
-    return ChatMessage(role=Role.TOOL, content=parts)

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent_plugin.agent import Agent, CancelToken
+from agent_plugin.agent import Agent
+from agent_plugin.cancellation import CancelToken
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, RunEnded, event_adapter
 from agent_plugin.hooks import AgentHooks, CancelRun, PauseRun, RunControl, ToolHookResult

@@ -534,3 +534,19 @@ def test_repair_always_gives_a_valid_transcript(messages: list[ChatMessage]) -> 
     again = repair_transcript(repaired)
     assert len(again) == len(repaired)
     assert all(a is b for a, b in zip(again, repaired, strict=True))
+
+
+def test_results_split_over_several_tool_messages_are_merged() -> None:
+    assistant = ChatMessage(
+        role=Role.ASSISTANT,
+        content=[
+            ToolCallPart(tool_call=ToolCall(id="a", name="x")),
+            ToolCallPart(tool_call=ToolCall(id="b", name="x")),
+        ],
+    )
+    one = ChatMessage.tool_results([ToolResult(tool_call_id="a", content="A")])
+    two = ChatMessage.tool_results([ToolResult(tool_call_id="b", content="B")])
+    repaired = repair_transcript([ChatMessage.user("go"), assistant, one, two])
+    assert [m.role for m in repaired] == [Role.USER, Role.ASSISTANT, Role.TOOL]
+    contents = [p.tool_result.content for p in repaired[2].content]  # type: ignore[union-attr]
+    assert contents == ["A", "B"]
