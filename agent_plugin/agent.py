@@ -20,19 +20,19 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Final, Literal
+from typing import Final
 
 from pydantic import JsonValue
 
+from agent_plugin import sessions
 from agent_plugin.budget import Budget, estimate_message, truncate_history
 from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
-from agent_plugin.errors import AgentError
+from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import (
     AgentEvent,
     ApprovalRequired,
     ModelRequestStarted,
     ModelResponded,
-    PendingApproval,
     RetryScheduled,
     RunEnded,
     RunStarted,
@@ -41,6 +41,7 @@ from agent_plugin.events import (
     ToolCallDeltaEvent,
     TurnEnded,
     TurnStarted,
+    pending_approvals,
 )
 from agent_plugin.hooks import (
     AgentHooks,
@@ -51,7 +52,9 @@ from agent_plugin.hooks import (
     ToolOutput,
 )
 from agent_plugin.ids import new_run_id
+from agent_plugin.journal import Replied, RoundDone, RunJournal, Started, ToolDone
 from agent_plugin.loop_guard import LoopGuard, LoopTracker, Stop, Warn, warning_note
+from agent_plugin.memory import DEFAULT_SCOPE, MemoryStore, MemoryTool, render_snapshot
 from agent_plugin.messages import (
     ChatMessage,
     ContentPart,
@@ -72,6 +75,7 @@ from agent_plugin.outcomes import (
     ApprovalDecision,
     AwaitingApproval,
     BudgetExhausted,
+    BudgetReason,
     Cancelled,
     Completed,
     Denied,
@@ -99,6 +103,8 @@ from agent_plugin.providers.base import (
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.redaction import redact
 from agent_plugin.rounds import ToolRound
+from agent_plugin.sessions import Compaction, SessionStore, SessionTurn
+from agent_plugin.skills import LoadSkillTool, Skill, skills_index
 from agent_plugin.tools import (
     Tool,
     ToolRegistry,
@@ -141,11 +147,11 @@ class Agent:
         loop_guard: LoopGuard | None = None,
         max_duration: float | timedelta | None = None,
         parallel_tool_calls: bool = True,
+        memory: MemoryStore | None = None,
+        memory_scope: str = DEFAULT_SCOPE,
+        skills: Sequence[Skill] = (),
+        compaction: Compaction | None = None,
     ) -> None:
-        if max_steps < 1:
-            raise AgentError.config(f"max_steps must be at least 1, got {max_steps}")
-        if max_tokens < 1:
-            raise AgentError.config(f"max_tokens must be at least 1, got {max_tokens}")
         if per_tool_output_limit < 1:
             raise AgentError.config(
                 f"per_tool_output_limit must be at least 1, got {per_tool_output_limit}"
@@ -155,7 +161,16 @@ class Agent:
         if max_duration is not None and max_duration <= 0:
             raise AgentError.config(f"max_duration must be positive, got {max_duration}")
         self.model = model
-        self.tools = ToolRegistry(tools)
+        self.memory = memory
+        self.memory_scope = memory_scope
+        self.skills = tuple(skills)
+        self.compaction = compaction
+        built_in: list[Tool] = []
+        if self.skills:
+            built_in.append(LoadSkillTool(self.skills))
+        if memory is not None:
+            built_in.append(MemoryTool(memory, memory_scope))
+        self.tools = ToolRegistry([*tools, *built_in])
         self.system_prompt = system_prompt
         self.budget = Budget(max_steps=max_steps, max_tokens=max_tokens)
         self.per_tool_output_limit = per_tool_output_limit
@@ -200,20 +215,28 @@ class Agent:
         cancel: CancelToken | None = None,
         on_event: EventSink | None = None,
         stream: bool = False,
+        session_version: int | None = None,
+        journal: RunJournal | None = None,
     ) -> AgentTurn:
         """Continue a transcript with a new user message.
 
         System messages in ``history`` are dropped (the agent supplies its own), and a
-        transcript with unanswered calls or stray results is repaired first.
+        transcript with unanswered calls or stray results is repaired first; the turn's
+        ``new_messages`` are what this run added. ``session_version`` is recorded in a paused
+        run's state for session stores (see :mod:`agent_plugin.sessions`).
         """
         message = ChatMessage.user(prompt) if isinstance(prompt, str) else prompt
         if message.role is not Role.USER:
             raise AgentError.config(f"a prompt must be a user message, got {message.role.value}")
+        repaired = repair_transcript(list(history))
         run = _Run(
             self,
             run_id=run_id or new_run_id(),
             session_id=session_id,
-            messages=[*repair_transcript(list(history)), message],
+            messages=[*repaired, message],
+            history_length=len(repaired),
+            session_version=session_version,
+            journal=journal,
             usage=TokenUsage(),
             steps_used=0,
             tracker=self.loop_guard.tracker(),
@@ -231,8 +254,10 @@ class Agent:
         cancel: CancelToken | None = None,
         on_event: EventSink | None = None,
         stream: bool = False,
+        journal: RunJournal | None = None,
     ) -> AgentTurn:
-        """Continue a run that paused for approval (or was paused by a hook).
+        """Continue a run that paused for approval (or was paused by a hook), or a run
+        recovered from its journal (:func:`agent_plugin.journal.recover`).
 
         Each decision must name a call that awaits approval; a call without a decision is
         rejected with ``no decision was given``. Calls the policy allowed or denied keep that
@@ -244,6 +269,10 @@ class Agent:
             run_id=state.run_id,
             session_id=state.session_id,
             messages=list(state.messages),
+            history_length=state.history_length,
+            session_version=state.session_version,
+            journal=journal,
+            pending=pending,
             usage=state.usage,
             steps_used=state.steps_used,
             tracker=self.loop_guard.tracker(state.recent_calls),
@@ -292,13 +321,64 @@ class Agent:
             lambda sink: self.resume(state, decided, cancel=cancel, on_event=sink, stream=True)
         )
 
+    async def run_in_session(
+        self,
+        store: SessionStore,
+        session_id: str,
+        prompt: str | ChatMessage,
+        *,
+        run_id: str | None = None,
+        cancel: CancelToken | None = None,
+        on_event: EventSink | None = None,
+        stream: bool = False,
+    ) -> SessionTurn:
+        """Continue a stored conversation; see :func:`agent_plugin.sessions.run_in_session`.
+
+        Long sessions are compacted first when the agent has ``compaction``; the turn is saved
+        unless the run paused.
+        """
+        return await sessions.run_in_session(
+            self,
+            store,
+            session_id,
+            prompt,
+            compaction=self.compaction,
+            run_id=run_id,
+            cancel=cancel,
+            on_event=on_event,
+            stream=stream,
+        )
+
+    async def resume_in_session(
+        self,
+        store: SessionStore,
+        state: RunState,
+        decisions: Iterable[ApprovalDecision] = (),
+        *,
+        cancel: CancelToken | None = None,
+        on_event: EventSink | None = None,
+        stream: bool = False,
+    ) -> SessionTurn:
+        """Resume a run paused in a session and save the finished turn."""
+        return await sessions.resume_in_session(
+            self, store, state, decisions, cancel=cancel, on_event=on_event, stream=stream
+        )
+
     # --- preparation -----------------------------------------------------------------------
 
-    def system_message(self) -> ChatMessage | None:
-        """The system prompt for a run, rebuilt for every run and every resume."""
-        if not self.system_prompt:
-            return None
-        return ChatMessage.system(self.system_prompt)
+    async def system_message(self) -> ChatMessage | None:
+        """The system prompt of a run, rebuilt for every run and every resume.
+
+        Sections, in order: the base prompt, the skills index, and the memory snapshot as of
+        now. The snapshot stays frozen for the whole run: edits made through the ``memory`` tool
+        persist at once but reach the prompt from the next run (the prefix stays cacheable).
+        """
+        sections = [self.system_prompt] if self.system_prompt else []
+        if self.skills:
+            sections.append(skills_index(self.skills))
+        if self.memory is not None:
+            sections.append(render_snapshot(await self.memory.load(self.memory_scope)))
+        return ChatMessage.system("\n\n".join(sections)) if sections else None
 
 
 def _apply_decisions(state: RunState, decisions: list[ApprovalDecision]) -> list[PendingCall]:
@@ -368,8 +448,16 @@ class _Run:
         cancel: CancelToken | None,
         emit: EventSink | None,
         streaming: bool,
+        history_length: int,
+        session_version: int | None,
+        journal: RunJournal | None = None,
+        pending: list[PendingCall] | None = None,
     ) -> None:
         self.agent = agent
+        self.journal = journal
+        self.initial_pending = pending or []
+        self.history_length = history_length
+        self.session_version = session_version
         self.run_id = run_id
         self.session_id = session_id
         self.messages = messages
@@ -382,8 +470,8 @@ class _Run:
         self.emit = emit
         self.streaming = streaming
         self.hooks = agent.hook_set
-        self.system = agent.system_message()
-        self.system_cost = estimate_message(self.system) if self.system else 0
+        self.system: ChatMessage | None = None  # set by execute(): preparing may need I/O
+        self.system_cost = 0
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.deadline = loop.time() + agent.max_duration if agent.max_duration else None
@@ -397,6 +485,8 @@ class _Run:
             deadline=self.deadline,
             cancel=cancel,
             emit=emit,
+            on_child_usage=self.add_usage,
+            on_tool_done=self.tool_done if journal is not None else None,
         )
 
     # --- bookkeeping -----------------------------------------------------------------------
@@ -409,6 +499,22 @@ class _Run:
             max_steps=self.agent.budget.max_steps,
             usage=self.usage,
         )
+
+    async def tool_done(self, position: int, call: ToolCall, output: ToolOutput) -> None:
+        assert self.journal is not None
+        await self.journal.record(
+            ToolDone(
+                step=max(self.steps_used - 1, 0),
+                position=position,
+                call_id=call.id,
+                content=output.content,
+                is_error=output.is_error,
+            )
+        )
+
+    def add_usage(self, usage: TokenUsage) -> None:
+        """Tokens spent for this run elsewhere (sub-agents): they count against its budget."""
+        self.usage = self.usage + usage
 
     def append(self, message: ChatMessage) -> None:
         cost = estimate_message(message)
@@ -425,9 +531,11 @@ class _Run:
             steps_used=self.steps_used,
             pending=pending,
             recent_calls=self.tracker.recent,
+            history_length=self.history_length,
+            session_version=self.session_version,
         )
 
-    def exhausted(self, reason: Literal["steps", "tokens", "deadline"]) -> BudgetExhausted:
+    def exhausted(self, reason: BudgetReason) -> BudgetExhausted:
         return BudgetExhausted(reason=reason, steps_used=self.steps_used, usage=self.usage)
 
     def cancelled(self) -> Cancelled:
@@ -445,26 +553,36 @@ class _Run:
         if emit is not None:
             emit(RunStarted(run_id=self.run_id, session_id=self.session_id, resumed=resumed))
         try:
+            self.system = await self.agent.system_message()
+            self.system_cost = estimate_message(self.system) if self.system else 0
+            if self.journal is not None:
+                await self.journal.record(Started(state=self.state(self.initial_pending)))
             outcome = await body
             for hook in self.hooks.on_outcome:
                 await hook(outcome, self.info())
         except AgentError as error:
             if emit is not None:
-                emit(RunEnded(run_id=self.run_id, error=error.to_dict()))
+                emit(RunEnded(run_id=self.run_id, error=error.info()))
             raise
         except asyncio.CancelledError:
             if emit is not None:
-                emit(RunEnded(run_id=self.run_id, outcome=self.cancelled()))
+                emit(RunEnded.of(self.run_id, self.cancelled()))
             raise
         except Exception as error:
             if emit is not None:
+                message = f"{type(error).__name__}: {error}"
                 emit(
-                    RunEnded(run_id=self.run_id, error={"kind": "internal", "message": str(error)})
+                    RunEnded(
+                        run_id=self.run_id,
+                        error=ErrorInfo(kind=ErrorKind.INTERNAL, message=message),
+                    )
                 )
             raise
         if emit is not None:
-            emit(RunEnded(run_id=self.run_id, outcome=outcome))
-        return AgentTurn(outcome=outcome, messages=list(self.messages))
+            emit(RunEnded.of(self.run_id, outcome))
+        return AgentTurn(
+            outcome=outcome, messages=list(self.messages), history_length=self.history_length
+        )
 
     async def continue_from(self, pending: list[PendingCall]) -> AgentOutcome:
         """Resume: finish the paused round (if any), then drive on."""
@@ -472,7 +590,10 @@ class _Run:
         if pending:
             outcome = await self.round(pending)
         elif last is not None and last.role is Role.ASSISTANT and last.tool_calls:
-            outcome = await self.gate_and_run(last.tool_calls)
+            outcome = await self.gate_and_run(last.tool_calls, reply_recorded=True)
+        elif last is not None and last.role is Role.ASSISTANT:
+            # recovered after the final answer was recorded: the run is complete
+            return Completed(text=last.text_content, steps_used=self.steps_used, usage=self.usage)
         else:
             outcome = None
         if outcome is not None:
@@ -519,7 +640,7 @@ class _Run:
                     ModelRequestStarted(
                         run_id=self.run_id,
                         step=step,
-                        messages=len(request.messages),
+                        message_count=len(request.messages),
                         max_tokens=request.max_tokens,
                     )
                 )
@@ -541,6 +662,7 @@ class _Run:
             if not calls:
                 self.append(message)
                 self.responded(step, message, response)
+                await self.replied(step, message, [])
                 if overshoot:
                     return self.exhausted("tokens")
                 return Completed(
@@ -599,7 +721,7 @@ class _Run:
                     attempt=notice.attempt,
                     max_attempts=notice.max_attempts,
                     wait_seconds=notice.wait,
-                    error=notice.error.to_dict(),
+                    error=notice.error.info(),
                 )
             )
 
@@ -642,30 +764,39 @@ class _Run:
 
     # --- tool rounds ---------------------------------------------------------------------
 
-    async def gate_and_run(self, calls: list[ToolCall]) -> AgentOutcome | None:
-        """Ask the policy about each call; pause for approval, or run the round."""
+    async def gate_and_run(
+        self, calls: list[ToolCall], *, reply_recorded: bool = False
+    ) -> AgentOutcome | None:
+        """Ask the policy about each call; pause for approval, or run the round.
+
+        ``reply_recorded``: the reply is already in the journal's starting state (a resumed
+        run), so only the verdicts are journaled.
+        """
         info = self.info()
         pending = [self.gate(call, info) for call in calls]
-        awaiting = [p for p in pending if isinstance(p.status, NeedsApproval)]
-        if not awaiting:
+        if not reply_recorded:
+            await self.replied(self.steps_used - 1, self.messages[-1], pending)
+        elif self.journal is not None:
+            await self.journal.record(Started(state=self.state(pending)))
+        if not any(isinstance(p.status, NeedsApproval) for p in pending):
             return await self.round(pending)
+        outcome = AwaitingApproval(state=self.state(pending))
         if self.emit is not None:
-            self.emit(
-                ApprovalRequired(
-                    run_id=self.run_id,
-                    calls=[
-                        PendingApproval(
-                            call_id=p.call.id,
-                            name=p.call.name,
-                            arguments=redact(p.call.arguments),
-                            reason=p.status.reason,
-                        )
-                        for p in awaiting
-                        if isinstance(p.status, NeedsApproval)
-                    ],
+            self.emit(ApprovalRequired(run_id=self.run_id, calls=pending_approvals(outcome)))
+        return outcome
+
+    async def replied(self, step: int, message: ChatMessage, pending: list[PendingCall]) -> None:
+        if self.journal is not None:
+            await self.journal.record(
+                Replied(
+                    step=step,
+                    message=message,
+                    usage=self.usage,
+                    steps_used=self.steps_used,
+                    recent_calls=self.tracker.recent,
+                    pending=pending,
                 )
             )
-        return AwaitingApproval(state=self.state(pending))
 
     def gate(self, call: ToolCall, info: RunInfo) -> PendingCall:
         decision = self.agent.policy.decide(call, self.agent.tools.get(call.name), info)
@@ -691,9 +822,9 @@ class _Run:
             if isinstance(result.control, CancelRun):
                 return self.stop(result.control, [])
             return self.cancelled()
-        return self.record(pending, answered)
+        return await self.record(pending, answered)
 
-    def record(
+    async def record(
         self, pending: list[PendingCall], answered: list[tuple[ToolCall, ToolOutput]]
     ) -> AgentOutcome | None:
         """Append the round's results (loop-guard notes added) and decide whether to stop."""
@@ -710,7 +841,10 @@ class _Run:
             results.append(
                 ToolResult(tool_call_id=item.call.id, content=content, is_error=output.is_error)
             )
-        self.append(ChatMessage.tool_results(results))
+        message = ChatMessage.tool_results(results)
+        self.append(message)
+        if self.journal is not None:
+            await self.journal.record(RoundDone(step=self.steps_used - 1, message=message))
         if stop is not None:
             return LoopDetected(
                 tool=stopping_tool,

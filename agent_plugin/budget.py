@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
+from agent_plugin.errors import AgentError
 from agent_plugin.messages import (
     ChatMessage,
     Role,
@@ -19,6 +20,7 @@ from agent_plugin.messages import (
     ToolCallPart,
     ToolResultPart,
 )
+from agent_plugin.outcomes import BudgetReason
 
 __all__ = [
     "MAX_CALL_TOKENS",
@@ -131,9 +133,6 @@ def _answers(previous: ChatMessage, results: ChatMessage) -> bool:
     )
 
 
-ExhaustedReason = Literal["steps", "tokens"]
-
-
 @dataclass(frozen=True, slots=True)
 class Budget:
     """The step and token limits of one run [AP-19, AP-20].
@@ -145,7 +144,16 @@ class Budget:
     max_steps: int = 10
     max_tokens: int = 32_000
 
-    def exhausted(self, steps_used: int, usage: TokenUsage) -> ExhaustedReason | None:
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise AgentError.config(f"max_steps must be at least 1, got {self.max_steps}")
+        if self.max_tokens < MIN_USEFUL_REMAINING:
+            raise AgentError.config(
+                f"max_tokens must be at least {MIN_USEFUL_REMAINING} (a model call needs room "
+                f"to answer), got {self.max_tokens}"
+            )
+
+    def exhausted(self, steps_used: int, usage: TokenUsage) -> BudgetReason | None:
         """Why no further model call may be made, or ``None``."""
         if steps_used >= self.max_steps:
             return "steps"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Final
+from typing import Final
 
-__all__ = ["BODY_LIMIT", "AgentError", "ErrorKind"]
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["BODY_LIMIT", "AgentError", "ErrorInfo", "ErrorKind"]
 
 BODY_LIMIT: Final = 500
 """At most this many characters of a provider's error body are kept in an error."""
@@ -21,6 +23,10 @@ class ErrorKind(StrEnum):
     TOOL = "tool"
     BUDGET = "budget"
     DECODE = "decode"
+    CONFLICT = "conflict"
+    NOT_FOUND = "not_found"
+    INTERNAL = "internal"
+    """An unexpected failure in the app's own code (a hook or a policy raised)."""
 
     @property
     def display_name(self) -> str:
@@ -60,9 +66,24 @@ _HTTP_STATUS: Final[dict[ErrorKind, int]] = {
     ErrorKind.TOOL: 500,
     ErrorKind.BUDGET: 413,
     ErrorKind.DECODE: 500,
+    ErrorKind.CONFLICT: 409,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.INTERNAL: 500,
 }
 
 _RETRYABLE: Final = frozenset({ErrorKind.RATE_LIMITED, ErrorKind.UNAVAILABLE, ErrorKind.TRANSPORT})
+
+
+class ErrorInfo(BaseModel):
+    """An :class:`AgentError` as plain data: in job results, run records, events, HTTP bodies."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: ErrorKind
+    message: str
+    provider: str | None = None
+    status: int | None = None
+    retry_after: float | None = None
 
 
 class AgentError(Exception):
@@ -84,7 +105,7 @@ class AgentError(Exception):
         body: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind = ErrorKind(kind)
         self.message = message
         self.provider = provider
         self.status = status
@@ -106,23 +127,24 @@ class AgentError(Exception):
     def retryable(self) -> bool:
         return self.kind.retryable
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready form for job results, run records and HTTP error bodies."""
-        data: dict[str, Any] = {"kind": self.kind.value, "message": self.message}
-        for key in ("provider", "status", "retry_after"):
-            value = getattr(self, key)
-            if value is not None:
-                data[key] = value
-        return data
+    def info(self) -> ErrorInfo:
+        """The error as plain data (never the key: messages are scrubbed where they are made)."""
+        return ErrorInfo(
+            kind=self.kind,
+            message=self.message,
+            provider=self.provider,
+            status=self.status,
+            retry_after=self.retry_after,
+        )
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AgentError:
+    def from_info(cls, info: ErrorInfo) -> AgentError:
         return cls(
-            ErrorKind(data["kind"]),
-            str(data["message"]),
-            provider=data.get("provider"),
-            status=data.get("status"),
-            retry_after=data.get("retry_after"),
+            info.kind,
+            info.message,
+            provider=info.provider,
+            status=info.status,
+            retry_after=info.retry_after,
         )
 
     @classmethod

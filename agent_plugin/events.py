@@ -17,18 +17,30 @@ assistant text are not.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
 
+from agent_plugin.errors import ErrorInfo
 from agent_plugin.messages import ChatMessage, StopReason, TokenUsage
-from agent_plugin.outcomes import AgentOutcome
+from agent_plugin.outcomes import (
+    AgentOutcome,
+    AwaitingApproval,
+    BudgetExhausted,
+    Cancelled,
+    Completed,
+    LoopDetected,
+    NeedsApproval,
+    Paused,
+)
+from agent_plugin.redaction import redact
 
 __all__ = [
     "AgentEvent",
     "ApprovalRequired",
     "ModelRequestStarted",
     "ModelResponded",
+    "OutcomeSummary",
     "PendingApproval",
     "RetryScheduled",
     "RunEnded",
@@ -64,7 +76,7 @@ class TurnStarted(_Event):
 class ModelRequestStarted(_Event):
     type: Literal["model_request"] = "model_request"
     step: int
-    messages: int
+    message_count: int
     max_tokens: int | None
 
 
@@ -92,7 +104,7 @@ class RetryScheduled(_Event):
     attempt: int
     max_attempts: int
     wait_seconds: float
-    error: dict[str, Any]
+    error: ErrorInfo
 
 
 class ModelResponded(_Event):
@@ -138,12 +150,63 @@ class TurnEnded(_Event):
     step: int
 
 
+class OutcomeSummary(BaseModel):
+    """How a run ended, safe to publish: no transcript, tool arguments redacted."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: str
+    steps_used: int
+    usage: TokenUsage
+    text: str | None = None
+    reason: str | None = None
+    tool: str | None = None
+    repeats: int | None = None
+    awaiting: list[PendingApproval] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, outcome: AgentOutcome) -> OutcomeSummary:
+        summary = cls(status=outcome.status, steps_used=outcome.steps_used, usage=outcome.usage)
+        if isinstance(outcome, Completed):
+            return summary.model_copy(update={"text": outcome.text})
+        if isinstance(outcome, BudgetExhausted | Cancelled | Paused):
+            return summary.model_copy(update={"reason": outcome.reason})
+        if isinstance(outcome, LoopDetected):
+            return summary.model_copy(update={"tool": outcome.tool, "repeats": outcome.repeats})
+        if isinstance(outcome, AwaitingApproval):
+            return summary.model_copy(update={"awaiting": pending_approvals(outcome)})
+        return summary
+
+
+def pending_approvals(outcome: AwaitingApproval) -> list[PendingApproval]:
+    """The calls a paused run waits on, with their arguments redacted."""
+    return [
+        PendingApproval(
+            call_id=p.call.id,
+            name=p.call.name,
+            arguments=redact(p.call.arguments),
+            reason=p.status.reason,
+        )
+        for p in outcome.state.pending
+        if isinstance(p.status, NeedsApproval)
+    ]
+
+
 class RunEnded(_Event):
-    """The last event of every run: the outcome, or the error that ended it."""
+    """The last event of every run: how it ended, or the error that ended it.
+
+    ``outcome`` is the full outcome (a paused run's state included) for consumers in the same
+    process; it is never serialised. What crosses a process boundary is ``summary``.
+    """
 
     type: Literal["run_end"] = "run_end"
-    outcome: AgentOutcome | None = None
-    error: dict[str, Any] | None = None
+    summary: OutcomeSummary | None = None
+    error: ErrorInfo | None = None
+    outcome: AgentOutcome | None = Field(default=None, exclude=True, repr=False)
+
+    @classmethod
+    def of(cls, run_id: str, outcome: AgentOutcome) -> RunEnded:
+        return cls(run_id=run_id, summary=OutcomeSummary.of(outcome), outcome=outcome)
 
 
 AgentEvent: TypeAlias = Annotated[

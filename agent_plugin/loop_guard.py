@@ -8,14 +8,13 @@ agent appends :func:`warning_note` to the result, and at ``stop_after`` times th
 Because the result is part of the fingerprint, polling a tool whose output changes is never a
 loop, while ping-pong between two calls is (both fingerprints repeat). Fingerprints are plain
 integers kept in ``RunState.recent_calls``, so the count survives a pause and a resume in another
-process: they come from SHA-256, not from the per-process salted ``hash()``.
+process: they come from SHA-256, not from the per-process salted ``hash()``, and have 53 bits so
+a JavaScript client reading the saved state keeps them exact.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,7 +22,8 @@ from typing import Final, TypeAlias
 
 from pydantic import JsonValue
 
-from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.errors import AgentError
+from agent_plugin.tools import canonical_json
 
 __all__ = [
     "OK",
@@ -70,26 +70,25 @@ OK: Final = Ok()
 # --- fingerprints --------------------------------------------------------------------------
 
 
-def _canonical_json(value: JsonValue) -> str:
-    # Same text as tools.canonical_json, but never raises: arguments the provider sent as NaN or
-    # Infinity (which Python's JSON decoder accepts) are still fingerprinted, not a tool error.
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_FINGERPRINT_BITS: Final = 53
+"""Fingerprints are below ``2**53``: exact as JSON numbers in JavaScript too."""
 
 
 def fingerprint(name: str, arguments: JsonValue, content: str) -> int:
-    """A stable 64-bit fingerprint of one call: tool name, arguments and raw result.
+    """A stable 53-bit fingerprint of one call: tool name, arguments and raw result.
 
-    The first 8 bytes (big endian, unsigned) of SHA-256 over the three parts, each UTF-8 encoded
-    and prefixed with its length so no two different calls share an input. Arguments are
-    canonical JSON (sorted keys, compact, ``ensure_ascii=False``), so key order does not matter.
-    The value is the same in every process and on every machine.
+    The first 53 bits (big endian, unsigned) of SHA-256 over the three parts, each UTF-8 encoded
+    and prefixed with its 8-byte length so no two different calls share an input. Arguments are
+    :func:`~agent_plugin.tools.canonical_json` text, so key order does not matter; NaN and
+    Infinity (which Python's JSON decoder accepts from a provider) are written as ``NaN`` and
+    ``Infinity`` instead of failing. The value is the same in every process and on every machine.
     """
     digest = hashlib.sha256()
-    for part in (name, _canonical_json(arguments), content):
+    for part in (name, canonical_json(arguments, allow_nan=True), content):
         data = part.encode("utf-8", errors="surrogatepass")
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)
-    return int.from_bytes(digest.digest()[:8], "big")
+    return int.from_bytes(digest.digest()[:8], "big") >> (64 - _FINGERPRINT_BITS)
 
 
 def warning_note(name: str, repeats: int) -> str:
@@ -108,8 +107,9 @@ def warning_note(name: str, repeats: int) -> str:
 class LoopGuard:
     """Thresholds of the loop guard: warn at ``warn_after`` repeats, stop at ``stop_after``.
 
-    Repeats are counted within the last ``window`` executed calls of the run. ``window=0`` turns
-    the guard off (see :meth:`disabled`).
+    Repeats are counted within the last ``window`` executed calls of the run, so an enabled
+    guard needs ``1 <= warn_after <= stop_after <= window``. ``window=0`` turns the guard off
+    (see :meth:`disabled`); the thresholds are then ignored.
     """
 
     warn_after: int = 3
@@ -117,19 +117,19 @@ class LoopGuard:
     window: int = 30
 
     def __post_init__(self) -> None:
-        if self.warn_after < 1 or self.stop_after < 1:
-            raise AgentError(
-                ErrorKind.CONFIG,
-                f"loop guard thresholds must be at least 1 "
-                f"(warn_after={self.warn_after}, stop_after={self.stop_after})",
-            )
         if self.window < 0:
-            raise AgentError(ErrorKind.CONFIG, f"loop guard window must be >= 0, not {self.window}")
+            raise AgentError.config(f"loop guard window must be >= 0, not {self.window}")
+        if self.enabled and not 1 <= self.warn_after <= self.stop_after <= self.window:
+            raise AgentError.config(
+                "loop guard needs 1 <= warn_after <= stop_after <= window, got "
+                f"warn_after={self.warn_after}, stop_after={self.stop_after}, "
+                f"window={self.window}"
+            )
 
     @classmethod
     def disabled(cls) -> LoopGuard:
-        """A guard that never fires and records nothing."""
-        return cls(warn_after=sys.maxsize, stop_after=sys.maxsize, window=0)
+        """A guard that never fires and records nothing (``window=0``)."""
+        return cls(window=0)
 
     @property
     def enabled(self) -> bool:
@@ -154,10 +154,8 @@ class LoopTracker:
 
     def __init__(self, guard: LoopGuard, recent: Iterable[int] = ()) -> None:
         self._guard = guard
-        self._window: deque[int] = deque(maxlen=guard.window)
-        self._counts: Counter[int] = Counter()
-        for fp in recent:
-            self._push(fp)
+        self._window: deque[int] = deque(recent, maxlen=guard.window)  # the last `window` only
+        self._counts: Counter[int] = Counter(self._window)
 
     @property
     def guard(self) -> LoopGuard:
@@ -186,8 +184,6 @@ class LoopTracker:
     def _push(self, fp: int) -> int:
         """Add a fingerprint, evicting the oldest when full; return its count in the window."""
         window = self._window
-        if window.maxlen == 0:
-            return 0
         if len(window) == window.maxlen:
             oldest = window.popleft()
             left = self._counts[oldest] - 1

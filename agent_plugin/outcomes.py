@@ -23,6 +23,7 @@ __all__ = [
     "Approve",
     "AwaitingApproval",
     "BudgetExhausted",
+    "BudgetReason",
     "Cancelled",
     "Completed",
     "Denied",
@@ -102,6 +103,10 @@ class RunState(_Model):
     steps_used: int = 0
     pending: list[PendingCall] = Field(default_factory=list)
     recent_calls: list[int] = Field(default_factory=list)
+    history_length: int = 0
+    """How many of ``messages`` were history before the run started (saved in a session)."""
+    session_version: int | None = None
+    """The session's version the run started from, so a resume can detect a concurrent writer."""
 
     def awaiting(self) -> list[PendingCall]:
         """The calls that wait for a reviewer's decision."""
@@ -163,9 +168,12 @@ class Completed(_Outcome):
         return True
 
 
+BudgetReason: TypeAlias = Literal["steps", "tokens", "deadline"]
+
+
 class BudgetExhausted(_Outcome):
     status: Literal["budget_exhausted"] = "budget_exhausted"
-    reason: Literal["steps", "tokens", "deadline"]
+    reason: BudgetReason
     steps_used: int
     usage: TokenUsage
 
@@ -250,10 +258,19 @@ outcome_adapter: TypeAdapter[AgentOutcome] = TypeAdapter(AgentOutcome)
 
 
 class AgentTurn(_Model):
-    """What a run or resume returns: the outcome and the transcript without the system prompt."""
+    """What a run or resume returns: the outcome and the transcript without the system prompt.
+
+    ``messages[history_length:]`` are the messages this run (and the runs it resumed) added
+    to the history it was given: what a session store appends.
+    """
 
     outcome: AgentOutcome
     messages: list[ChatMessage]
+    history_length: int = 0
+
+    @property
+    def new_messages(self) -> list[ChatMessage]:
+        return self.messages[self.history_length :]
 
 
 @dataclass(frozen=True, slots=True)

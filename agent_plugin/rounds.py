@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -22,7 +23,7 @@ from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
 from agent_plugin.errors import AgentError
 from agent_plugin.events import AgentEvent, ToolFinished, ToolStarted
 from agent_plugin.hooks import Block, CancelRun, HookSet, Modify, PauseRun, ToolOutput
-from agent_plugin.messages import ToolCall
+from agent_plugin.messages import TokenUsage, ToolCall
 from agent_plugin.outcomes import Denied, Finished, PendingCall, Rejected
 from agent_plugin.redaction import redact
 from agent_plugin.tools import (
@@ -35,7 +36,7 @@ from agent_plugin.tools import (
     truncate_chars,
 )
 
-__all__ = ["CANCEL_GRACE", "RoundResult", "ToolRound", "error_output"]
+__all__ = ["CANCEL_GRACE", "RoundResult", "ToolRound", "child_usage_sink", "error_output"]
 
 CANCEL_GRACE: Final = 0.5
 """Seconds running tools get to finish after a cancel before their outcome is 'unknown'."""
@@ -45,6 +46,18 @@ UNKNOWN_PAYLOAD: Final = (
     "the run was cancelled while this call was running; whether it completed, and what it "
     "changed, is unknown"
 )
+
+UsageSink = Callable[[TokenUsage], None]
+
+child_usage_sink: ContextVar[UsageSink | None] = ContextVar("child_usage_sink", default=None)
+"""Where tools that run models of their own (sub-agents) report the tokens they spent.
+
+A round sets it while its calls run (tool tasks copy the context, so parallel calls see it);
+the run adds what is reported to its usage, so it counts against the run's token budget.
+:class:`~agent_plugin.delegate.AgentTool` reports each child run once, when it has finished,
+failed or been cancelled, and unsets the sink while the child runs, so a grandchild reports to
+the child's loop, never straight to the grandparent.
+"""
 
 Answered = tuple[ToolCall, ToolOutput]
 """A call (as it was run: after hooks) and what the model will be told about it."""
@@ -90,7 +103,11 @@ class ToolRound:
         deadline: float | None,
         cancel: CancelToken | None,
         emit: Callable[[AgentEvent], None] | None,
+        on_child_usage: UsageSink | None = None,
+        on_tool_done: Callable[[int, ToolCall, ToolOutput], Awaitable[None]] | None = None,
     ) -> None:
+        self.on_child_usage = on_child_usage
+        self.on_tool_done = on_tool_done
         self.tools = tools
         self.hooks = hooks
         self.output_limit = output_limit
@@ -102,6 +119,13 @@ class ToolRound:
         self.emit = emit
 
     async def run(self, pending: list[PendingCall], step: int) -> RoundResult:
+        token = child_usage_sink.set(self.on_child_usage)
+        try:
+            return await self._run(pending, step)
+        finally:
+            child_usage_sink.reset(token)
+
+    async def _run(self, pending: list[PendingCall], step: int) -> RoundResult:
         contexts = [
             ToolContext(
                 run_id=self.run_id, call_id=p.call.id, session_id=self.session_id, step=step
@@ -119,7 +143,7 @@ class ToolRound:
         self, pending: list[PendingCall], contexts: list[ToolContext]
     ) -> RoundResult:
         result = RoundResult()
-        for item, ctx in zip(pending, contexts, strict=True):
+        for position, (item, ctx) in enumerate(zip(pending, contexts, strict=True)):
             prepared = await self._prepare(item, ctx)
             if isinstance(prepared, PauseRun | CancelRun):
                 result.control = prepared
@@ -128,7 +152,9 @@ class ToolRound:
             self._started(call)
             if isinstance(prepared, _Ready):
                 try:
-                    output = await until_cancelled(self._invoke(prepared, ctx), self.cancel)
+                    output = await until_cancelled(
+                        self._invoke(prepared, ctx, position), self.cancel
+                    )
                 except RunCancelled:
                     output = error_output(UNKNOWN_PAYLOAD)
                     self._report(call, output)
@@ -153,7 +179,7 @@ class ToolRound:
         for prepared in prepared_all:
             self._started(prepared.call if isinstance(prepared, _Ready) else prepared[0])
         tasks = {
-            i: asyncio.ensure_future(self._invoke(p, contexts[i]))
+            i: asyncio.ensure_future(self._invoke(p, contexts[i], i))
             for i, p in enumerate(prepared_all)
             if isinstance(p, _Ready)
         }
@@ -234,7 +260,14 @@ class ToolRound:
             return call, error_output(f"schema validation failed: {problem}")
         return _Ready(tool, call)
 
-    async def _invoke(self, ready: _Ready, ctx: ToolContext) -> ToolOutput:
+    async def _invoke(self, ready: _Ready, ctx: ToolContext, position: int) -> ToolOutput:
+        """Execute one call and journal its result as soon as it is known."""
+        output = await self._execute(ready, ctx)
+        if self.on_tool_done is not None:
+            await self.on_tool_done(position, ready.call, output)
+        return output
+
+    async def _execute(self, ready: _Ready, ctx: ToolContext) -> ToolOutput:
         """Execute one call; every failure becomes an error payload for the model."""
         try:
             if self.deadline is None:

@@ -20,8 +20,6 @@ the validators) happens once, when a tool is built; a call only validates and ru
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import enum
 import inspect
 import json
 import re
@@ -30,7 +28,7 @@ import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Final, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Annotated, Any, Final, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
 import fastjsonschema
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
@@ -73,8 +71,8 @@ class ToolEffect(StrEnum):
     """How much a tool can change the world, ordered least to most impact [AP-17].
 
     ``<``, ``<=``, ``>``, ``>=`` compare by impact (``READ_ONLY < INTERNAL < WRITE < EXTERNAL``),
-    also against the plain string values. A tool that says nothing is :attr:`WRITE`: it is
-    trusted with less only when it says so.
+    also against the plain string values; a string that names no effect raises ``ValueError``.
+    A tool that says nothing is :attr:`WRITE`: it is trusted with less only when it says so.
     """
 
     READ_ONLY = "read_only"
@@ -87,39 +85,31 @@ class ToolEffect(StrEnum):
     """Reaches outside the application: mail, payments, third-party APIs."""
 
     @property
-    def rank(self) -> int:
-        """The position in the impact order, 0 for :attr:`READ_ONLY`."""
-        return _RANK[self]
-
-    @property
     def unattended_safe(self) -> bool:
         """Whether a run nobody watches (a heartbeat, a background job) may use it."""
-        return _RANK[self] <= _RANK[ToolEffect.INTERNAL]
+        return self <= ToolEffect.INTERNAL
 
     def __lt__(self, other: object) -> bool:
-        rank = _rank_of(other)
-        return NotImplemented if rank is None else _RANK[self] < rank
+        return _RANK[self] < _rank(other)
 
     def __le__(self, other: object) -> bool:
-        rank = _rank_of(other)
-        return NotImplemented if rank is None else _RANK[self] <= rank
+        return _RANK[self] <= _rank(other)
 
     def __gt__(self, other: object) -> bool:
-        rank = _rank_of(other)
-        return NotImplemented if rank is None else _RANK[self] > rank
+        return _RANK[self] > _rank(other)
 
     def __ge__(self, other: object) -> bool:
-        rank = _rank_of(other)
-        return NotImplemented if rank is None else _RANK[self] >= rank
+        return _RANK[self] >= _rank(other)
 
 
-_RANK: Final[dict[str, int]] = {effect.value: rank for rank, effect in enumerate(ToolEffect)}
+_RANK: Final[dict[ToolEffect, int]] = {effect: rank for rank, effect in enumerate(ToolEffect)}
 
 
-def _rank_of(value: object) -> int | None:
-    # ToolEffect members hash and compare like their string values, so WRITE and "write" both
-    # find the same entry.
-    return _RANK.get(value) if isinstance(value, str) else None
+def _rank(other: object) -> int:
+    # Never fall back to str's alphabetical order: an unknown string raises ValueError.
+    if not isinstance(other, str):
+        raise TypeError(f"cannot compare a ToolEffect with {type(other).__name__}")
+    return _RANK[ToolEffect(other)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,10 +150,11 @@ class ToolReturn:
 class Tool(Protocol):
     """Anything the agent can call. A user's own class fits without inheriting.
 
-    :meth:`validate` is called before :meth:`execute`; arguments it rejects never reach the tool
-    and the model gets an error payload instead [OP-04]. :meth:`execute` returns a JSON-able
-    value or a :class:`ToolReturn`, and raises (an :class:`AgentError` of kind ``tool``, or any
-    exception) to report a failure; the model then sees the error's message.
+    The five data members may be plain attributes or read-only properties. :meth:`validate` is
+    called before :meth:`execute`; arguments it rejects never reach the tool and the model gets
+    an error payload instead [OP-04]. :meth:`execute` returns anything :func:`canonical_json`
+    can encode, or a :class:`ToolReturn`, and raises (an :class:`AgentError` of kind ``tool``,
+    or any exception) to report a failure; the model then sees the error's message.
     """
 
     @property
@@ -190,6 +181,10 @@ class Tool(Protocol):
     async def execute(self, arguments: JsonValue, ctx: ToolContext) -> Any: ...
 
 
+_TOOL_MEMBERS: Final = ("name", "description", "input_schema", "effect", "sequential",
+                        "validate", "execute")  # fmt: skip
+
+
 def definition_of(tool: Tool) -> ToolDefinition:
     """What the provider is told about ``tool``."""
     return ToolDefinition(
@@ -200,35 +195,35 @@ def definition_of(tool: Tool) -> ToolDefinition:
 # --- output ---------------------------------------------------------------------------------
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: Any, *, allow_nan: bool = False) -> str:
     """Compact JSON with sorted keys and raw Unicode, the way serde_json prints a value.
 
-    pydantic models and dataclasses inside ``value`` are dumped in JSON mode; anything else that
-    is not JSON (a set, an arbitrary object, NaN) raises an :class:`AgentError` of kind ``tool``.
+    What the :mod:`json` module cannot encode itself goes through pydantic's JSON mode, the way
+    FastAPI encodes a response: models and dataclasses become objects (field names, not aliases),
+    enums their values, dates and times ISO strings, sets and tuples arrays, bytes UTF-8 text.
+    Anything else, and NaN or Infinity unless ``allow_nan`` (then written ``NaN``/``Infinity``,
+    as Python's decoder reads them), raises an :class:`AgentError` of kind ``tool``.
     """
     try:
-        return _CANONICAL.encode(value)
+        return _ENCODERS[allow_nan].encode(value)
     except (TypeError, ValueError, RecursionError, PydanticSerializationError) as exc:
         raise AgentError.tool(f"the tool returned a value that is not JSON: {exc}") from None
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_jsonable_python(value, by_alias=False)
-    if isinstance(value, enum.Enum):
-        return value.value
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+def _jsonable(value: Any) -> Any:
+    return to_jsonable_python(value, by_alias=False)
 
 
-_CANONICAL: Final = json.JSONEncoder(
-    sort_keys=True,
-    separators=(",", ":"),
-    ensure_ascii=False,
-    allow_nan=False,
-    default=_json_default,
-)
+_ENCODERS: Final = {
+    allow_nan: json.JSONEncoder(
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=allow_nan,
+        default=_jsonable,
+    )
+    for allow_nan in (False, True)
+}
 """Built once: ``json.dumps`` with options would build an encoder on every call."""
 
 
@@ -244,25 +239,13 @@ def error_payload(message: str) -> str:
     return canonical_json({"error": message})
 
 
-def _to_json_value(value: Any) -> Any:
-    """Make a tool's return value plain JSON data, the way FastAPI encodes a response.
-
-    Strings, numbers, booleans and None pass through untouched. A pydantic model becomes
-    ``model_dump(mode="json")``; containers and dataclasses are converted by pydantic's JSON-mode
-    encoder, so models, enums, datetimes and tuples inside them become JSON too. A value pydantic
-    cannot encode raises an :class:`AgentError` of kind ``tool``.
-    """
-    if value is None or isinstance(value, str | int | float):
-        return value
-    if isinstance(value, ToolReturn):
-        inner = _to_json_value(value.value)
-        return value if inner is value.value else ToolReturn(inner, value.terminate)
-    try:
-        if isinstance(value, BaseModel):
-            return value.model_dump(mode="json")
-        return to_jsonable_python(value, by_alias=False)
-    except PydanticSerializationError as exc:
-        raise AgentError.tool(f"the tool returned a value that is not JSON: {exc}") from None
+async def _call(fn: Callable[..., Any], is_async: bool, /, *args: Any, **kwargs: Any) -> Any:
+    """Await an async ``fn``; run a sync one in a worker thread (awaiting what it returns, if
+    that is awaitable)."""
+    if is_async:
+        return await fn(*args, **kwargs)
+    result = await asyncio.to_thread(fn, *args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
 
 
 # --- FnTool ---------------------------------------------------------------------------------
@@ -273,11 +256,19 @@ class FnTool:
 
     ``fn(arguments)`` or ``fn(arguments, ctx)`` (a second positional parameter receives the
     :class:`ToolContext`), sync or async; a sync ``fn`` runs in a worker thread. ``schema`` is
-    checked against JSON Schema Draft 2020-12 here, and its validator is compiled once.
+    JSON Schema Draft 7 (Drafts 4 and 6 work too, selected by ``$schema``; 2019-09 and 2020-12
+    are refused); it is checked here and its validator is compiled once. ``input_schema`` is a
+    private copy of it: do not mutate it.
     """
 
-    __slots__ = ("_description", "_effect", "_fn", "_is_async", "_name", "_schema", "_sequential",
-                 "_validator", "_with_context")  # fmt: skip
+    __slots__ = ("_fn", "_is_async", "_validator", "_with_context", "description", "effect",
+                 "input_schema", "name", "sequential")  # fmt: skip
+
+    name: str
+    description: str
+    input_schema: dict[str, JsonValue]
+    effect: ToolEffect
+    sequential: bool
 
     def __init__(
         self,
@@ -289,39 +280,19 @@ class FnTool:
         effect: ToolEffect = ToolEffect.WRITE,
         sequential: bool = False,
     ) -> None:
-        _check_name(name, f"FnTool {name!r}")
+        label = f"FnTool {name!r}"
+        _check_name(name, label)
         if not callable(fn):
-            raise AgentError.config(f"FnTool {name!r}: fn must be callable, got {type(fn)}")
-        self._name = name
-        self._description = str(description)
-        self._schema = _json_schema_copy(schema, f"FnTool {name!r}")
-        self._validator = _compile_schema(self._schema, name)
+            raise AgentError.config(f"{label}: fn must be callable, got {type(fn)}")
+        self.name = name
+        self.description = str(description)
+        self.input_schema = _json_schema_copy(schema, label)
+        self.effect = _coerce_effect(effect, label)
+        self.sequential = bool(sequential)
+        self._validator = _compile_schema(self.input_schema, label)
         self._fn = fn
-        self._with_context = _takes_context(fn, name)
+        self._with_context = _takes_context(fn, label)
         self._is_async = _is_async_callable(fn)
-        self._effect = _coerce_effect(effect, f"FnTool {name!r}")
-        self._sequential = bool(sequential)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def description(self) -> str:
-        return self._description
-
-    @property
-    def input_schema(self) -> dict[str, JsonValue]:
-        """The schema as given (a private copy). Do not mutate it."""
-        return self._schema
-
-    @property
-    def effect(self) -> ToolEffect:
-        return self._effect
-
-    @property
-    def sequential(self) -> bool:
-        return self._sequential
 
     def validate(self, arguments: JsonValue) -> str | None:
         """``"<json path>: <message>"`` of the most relevant schema violation, or None."""
@@ -335,41 +306,48 @@ class FnTool:
         return None
 
     async def execute(self, arguments: JsonValue, ctx: ToolContext) -> Any:
-        args: tuple[Any, ...] = (arguments, ctx) if self._with_context else (arguments,)
-        if self._is_async:
-            result = await self._fn(*args)
-        else:
-            result = await asyncio.to_thread(self._fn, *args)
-            if inspect.isawaitable(result):
-                result = await result
-        return _to_json_value(result)
+        if self._with_context:
+            return await _call(self._fn, self._is_async, arguments, ctx)
+        return await _call(self._fn, self._is_async, arguments)
 
     def __repr__(self) -> str:
-        return f"FnTool(name={self._name!r}, effect={self._effect.value!r})"
+        return f"FnTool(name={self.name!r}, effect={self.effect.value!r})"
 
 
-def _takes_context(fn: Callable[..., Any], name: str) -> bool:
+def _takes_context(fn: Callable[..., Any], label: str) -> bool:
     """Whether ``fn`` wants the context as a second positional argument."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError) as exc:
-        raise AgentError.config(f"FnTool {name!r}: cannot read fn's signature: {exc}") from None
-    positional = [
-        p
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    required_keyword = [
-        p.name
-        for p in params
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
-    ]
-    required = [p for p in positional if p.default is inspect.Parameter.empty]
+        raise AgentError.config(f"{label}: cannot read fn's signature: {exc}") from None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    required_keyword = any(p.kind is p.KEYWORD_ONLY and p.default is p.empty for p in params)
     if not positional or len(required) > 2 or required_keyword:
         raise AgentError.config(
-            f"FnTool {name!r}: fn must take (arguments) or (arguments, ctx) positionally"
+            f"{label}: fn must take (arguments) or (arguments, ctx) positionally"
         )
     return len(positional) >= 2
+
+
+_UNSUPPORTED_DIALECTS: Final = ("2019-09", "2020-12")
+
+
+def _compile_schema(schema: dict[str, JsonValue], label: str) -> Callable[[Any], Any]:
+    """A fast validator (compiled once to Python code) for a tool's JSON Schema.
+
+    ``use_default=False``: validating never writes defaults into the model's arguments.
+    """
+    dialect = schema.get("$schema")
+    if isinstance(dialect, str) and any(d in dialect for d in _UNSUPPORTED_DIALECTS):
+        raise AgentError.config(
+            f"{label}: JSON Schema dialect {dialect!r} is not supported; write Draft 7 "
+            "(drop $schema or set it to 'http://json-schema.org/draft-07/schema#')"
+        )
+    try:
+        return fastjsonschema.compile(schema, use_default=False)
+    except (fastjsonschema.JsonSchemaDefinitionException, TypeError, ValueError) as exc:
+        raise AgentError.config(f"{label}: invalid JSON Schema: {exc}") from None
 
 
 # --- @tool ----------------------------------------------------------------------------------
@@ -382,9 +360,15 @@ class FunctionTool(Generic[P, R]):
     (pydantic's default): ``"5"`` is accepted for an ``int`` parameter and ``5`` for a ``float``,
     because models sometimes quote numbers and the conversion is unambiguous; anything pydantic
     cannot convert, unknown argument names and arguments that are not a JSON object are rejected.
-    ``null`` arguments count as ``{}``.
+    ``null`` arguments count as ``{}``. ``input_schema`` is the generated schema: do not mutate
+    it. The function is ``__wrapped__``.
     """
 
+    name: str
+    description: str
+    input_schema: dict[str, JsonValue]
+    effect: ToolEffect
+    sequential: bool
     __wrapped__: Callable[P, R]
 
     def __init__(
@@ -396,67 +380,67 @@ class FunctionTool(Generic[P, R]):
         effect: ToolEffect = ToolEffect.WRITE,
         sequential: bool = False,
     ) -> None:
-        spec = _FunctionSpec.build(fn, name=name, description=description)
+        if not callable(fn) or isinstance(fn, type):
+            hint = " (use @tool(name=...) to name a tool)" if isinstance(fn, str) else ""
+            raise AgentError.config(f"@tool needs a function, got {fn!r}{hint}")
+        tool_name = name if name is not None else getattr(fn, "__name__", None)
+        if tool_name is None:
+            raise AgentError.config(f"@tool {fn!r}: the callable has no __name__; pass name=...")
+        label = f"@tool {getattr(fn, '__qualname__', None) or tool_name}"
+        _check_name(tool_name, label)
+        summary, doc_params = _parse_docstring(getattr(fn, "__doc__", None))
+        self._model, schema, self._fields, self._context_param = _arguments_model(
+            fn, tool_name, doc_params, label
+        )
+        self._is_async = _is_async_callable(fn)
         self.__wrapped__ = fn
         self.__doc__ = getattr(fn, "__doc__", None)
-        self._fn = fn
-        self._spec = spec
-        self._effect = _coerce_effect(effect, f"@tool {spec.name!r}")
-        self._sequential = bool(sequential)
-
-    @property
-    def name(self) -> str:
-        return self._spec.name
-
-    @property
-    def description(self) -> str:
-        return self._spec.description
-
-    @property
-    def input_schema(self) -> dict[str, JsonValue]:
-        """The generated schema. Do not mutate it."""
-        return self._spec.schema
-
-    @property
-    def effect(self) -> ToolEffect:
-        return self._effect
-
-    @property
-    def sequential(self) -> bool:
-        return self._sequential
-
-    @property
-    def fn(self) -> Callable[P, R]:
-        """The decorated function."""
-        return self._fn
+        self.name = tool_name
+        self.description = (
+            description if description is not None else (summary or f"Tool: {tool_name}")
+        )
+        self.input_schema = schema
+        self.effect = _coerce_effect(effect, f"@tool {tool_name!r}")
+        self.sequential = bool(sequential)
 
     def validate(self, arguments: JsonValue) -> str | None:
         """Each problem as ``"<json path>: <message>"``, joined by ``"; "``; None when valid."""
         try:
-            self._spec.parse(arguments)
+            self._parse(arguments)
         except AgentError as exc:
             return exc.message
         return None
 
     async def execute(self, arguments: JsonValue, ctx: ToolContext) -> Any:
-        spec = self._spec
-        kwargs = spec.parse(arguments)
-        if spec.context_param is not None:
-            kwargs[spec.context_param] = ctx
-        fn: Callable[..., Any] = self._fn
-        if spec.is_async:
-            result = await fn(**kwargs)
-        else:
-            result = await asyncio.to_thread(fn, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-        return _to_json_value(result)
+        kwargs = self._parse(arguments)
+        if self._context_param is not None:
+            kwargs[self._context_param] = ctx
+        return await _call(self.__wrapped__, self._is_async, **kwargs)
+
+    def _parse(self, arguments: JsonValue) -> dict[str, Any]:
+        """The keyword arguments for the function, or an AgentError(tool) saying what is wrong."""
+        if arguments is None:
+            arguments = {}
+        elif not isinstance(arguments, dict):
+            raise AgentError.tool(
+                f"$: the arguments must be a JSON object, got {_json_type(arguments)}"
+            )
+        try:
+            values = self._model.model_validate(arguments).__dict__
+        except ValidationError as exc:
+            raise AgentError.tool(
+                "; ".join(
+                    f"{_json_path(error['loc'])}: {error['msg']}"
+                    for error in exc.errors(include_url=False, include_input=False)
+                )
+            ) from None
+        return {param: values[field] for field, param in self._fields}
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self._fn(*args, **kwargs)
+        return self.__wrapped__(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"FunctionTool(name={self._spec.name!r}, effect={self._effect.value!r})"
+        return f"FunctionTool(name={self.name!r}, effect={self.effect.value!r})"
 
 
 @overload
@@ -495,15 +479,16 @@ def tool(
     """Make a tool from a typed function; use as ``@tool`` or ``@tool(effect=...)``.
 
     * name: the function's name unless ``name`` is given;
-    * description: ``description``, else the docstring without its parameter section
-      (Google ``Args:``, NumPy ``Parameters`` or Sphinx ``:param x:``), else ``"Tool: <name>"``;
+    * description: ``description``, else the docstring without its parameter section (Google
+      ``Args:`` or Sphinx ``:param x:``), else ``"Tool: <name>"``;
     * schema: one property per parameter. A parameter's description comes from
       ``Annotated[T, Field(description=...)]``, ``Annotated[T, "text"]`` or the docstring's
       parameter section, in that order; a parameter with a default is optional.
     * A parameter annotated :class:`ToolContext` (any name) receives the call's context and is
       not shown to the model.
 
-    The function may be sync (it then runs in a worker thread) or async. ``*args``, ``**kwargs``,
+    The function may be sync (it then runs in a worker thread) or async; it returns anything
+    :func:`canonical_json` can encode, or a :class:`ToolReturn`. ``*args``, ``**kwargs``,
     positional-only or unannotated parameters, a second :class:`ToolContext` and types pydantic
     cannot describe in JSON Schema are refused here, with an :class:`AgentError` of kind
     ``config`` naming the function and the parameter. For a method, decorate the bound method:
@@ -515,117 +500,83 @@ def tool(
             function, name=name, description=description, effect=effect, sequential=sequential
         )
 
-    if fn is None:
-        return decorate
-    return decorate(fn)
+    return decorate if fn is None else decorate(fn)
 
 
-@dataclass(frozen=True, slots=True)
-class _FunctionSpec:
-    """Everything about a decorated function that is worked out once, at decoration time."""
+def _arguments_model(
+    fn: Callable[..., Any], tool_name: str, doc_params: Mapping[str, str], label: str
+) -> tuple[type[BaseModel], dict[str, JsonValue], tuple[tuple[str, str], ...], str | None]:
+    """The pydantic model of ``fn``'s arguments, its JSON Schema, its ``(model field, parameter
+    name)`` pairs in signature order, and the parameter that receives the :class:`ToolContext`.
 
-    name: str
-    description: str
-    schema: dict[str, JsonValue]
-    model: type[BaseModel]
-    fields: tuple[tuple[str, str], ...]  # (model field, parameter name), in signature order
-    context_param: str | None
-    is_async: bool
-
-    def parse(self, arguments: JsonValue) -> dict[str, Any]:
-        """The keyword arguments for the function, or an AgentError(tool) saying what is wrong."""
-        if arguments is None:
-            arguments = {}
-        elif not isinstance(arguments, dict):
-            raise AgentError.tool(
-                f"$: the arguments must be a JSON object, got {_json_type(arguments)}"
+    Model fields are named ``p0``, ``p1``, ... with the parameter name as alias, so parameters
+    named like pydantic internals (``json``, ``model_config``) or ``_private`` work.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise AgentError.config(f"{label}: cannot read the signature: {exc}") from None
+    hints = _type_hints(fn, label)
+    model_fields: dict[str, Any] = {}
+    fields: list[tuple[str, str]] = []
+    context_param: str | None = None
+    for index, param in enumerate(signature.parameters.values()):
+        where = f"{label}: parameter {param.name!r}"
+        if param.kind is param.VAR_POSITIONAL:
+            raise AgentError.config(f"{where}: *args is not allowed; name each argument")
+        if param.kind is param.VAR_KEYWORD:
+            raise AgentError.config(f"{where}: **kwargs is not allowed; name each argument")
+        if param.kind is param.POSITIONAL_ONLY:
+            raise AgentError.config(f"{where}: positional-only parameters are not allowed")
+        if param.annotation is param.empty:
+            hint = ""
+            if index == 0 and param.name in ("self", "cls"):
+                hint = " (is this an unbound method? decorate the bound one: tool(obj.method))"
+            raise AgentError.config(f"{where}: a type annotation is required{hint}")
+        annotation = hints.get(param.name, param.annotation)
+        role = _context_role(annotation)
+        if role == "part":
+            raise AgentError.config(
+                f"{where}: ToolContext can only be the whole type of a parameter"
             )
-        try:
-            values = self.model.model_validate(arguments).__dict__
-        except ValidationError as exc:
-            raise AgentError.tool(
-                "; ".join(
-                    f"{_json_path(error['loc'])}: {error['msg']}"
-                    for error in exc.errors(include_url=False, include_input=False)
-                )
-            ) from None
-        return {param: values[field] for field, param in self.fields}
-
-    @classmethod
-    def build(
-        cls, fn: Callable[..., Any], *, name: str | None, description: str | None
-    ) -> _FunctionSpec:
-        if not callable(fn) or isinstance(fn, type):
-            hint = " (use @tool(name=...) to name a tool)" if isinstance(fn, str) else ""
-            raise AgentError.config(f"@tool needs a function, got {fn!r}{hint}")
-        fn_label = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-        tool_name = name if name is not None else getattr(fn, "__name__", None)
-        if tool_name is None:
-            raise AgentError.config(f"@tool {fn!r}: the callable has no __name__; pass name=...")
-        label = f"@tool {fn_label or tool_name}"
-        _check_name(tool_name, label)
-
-        try:
-            signature = inspect.signature(fn)
-        except (TypeError, ValueError) as exc:
-            raise AgentError.config(f"{label}: cannot read the signature: {exc}") from None
-        hints = _type_hints(fn, label)
-        summary, doc_params = _parse_docstring(getattr(fn, "__doc__", None))
-
-        model_fields: dict[str, Any] = {}
-        fields: list[tuple[str, str]] = []
-        context_param: str | None = None
-        for param in signature.parameters.values():
-            where = f"{label}: parameter {param.name!r}"
-            if param.kind is inspect.Parameter.VAR_POSITIONAL:
-                raise AgentError.config(f"{where}: *args is not allowed; name each argument")
-            if param.kind is inspect.Parameter.VAR_KEYWORD:
-                raise AgentError.config(f"{where}: **kwargs is not allowed; name each argument")
-            if param.kind is inspect.Parameter.POSITIONAL_ONLY:
-                raise AgentError.config(f"{where}: positional-only parameters are not allowed")
-            if param.annotation is inspect.Parameter.empty:
-                raise AgentError.config(f"{where}: a type annotation is required")
-            annotation = hints.get(param.name, param.annotation)
-            if _is_context(annotation):
-                if context_param is not None:
-                    raise AgentError.config(
-                        f"{where}: only one ToolContext parameter is allowed "
-                        f"({context_param!r} is one already)"
-                    )
-                context_param = param.name
-                continue
-            if _mentions_context(annotation):
+        if role == "whole":
+            if context_param is not None:
                 raise AgentError.config(
-                    f"{where}: ToolContext can only be the whole type of a parameter"
+                    f"{where}: only one ToolContext parameter is allowed "
+                    f"({context_param!r} is one already)"
                 )
-            if isinstance(param.default, FieldInfo):  # x: int = Field(5, description=...)
-                annotation = _with_metadata(annotation, param.default)
-                param = param.replace(default=inspect.Parameter.empty)
-            field_key = f"p{len(fields)}"
-            model_fields[field_key] = (
-                annotation,
-                _field_for(param, annotation, doc_params.get(param.name), where),
-            )
-            fields.append((field_key, param.name))
+            context_param = param.name
+            continue
+        if isinstance(param.default, FieldInfo):  # x: int = Field(5, description=...)
+            annotation = Annotated[annotation, param.default]
+            param = param.replace(default=param.empty)
+        field_key = f"p{len(fields)}"
+        model_fields[field_key] = (annotation, _field_for(param, annotation, doc_params, where))
+        fields.append((field_key, param.name))
 
-        model = _arguments_model(tool_name, model_fields, fields, label)
-        try:
-            raw_schema = model.model_json_schema()
-        except Exception as exc:  # pydantic raises several types for undescribable types
-            culprit = _find_bad_parameter(fields, model_fields)
-            where = f"{label}: parameter {culprit!r}" if culprit else label
-            raise AgentError.config(f"{where}: no JSON Schema for this type: {exc}") from None
-        return cls(
-            name=tool_name,
-            description=description
-            if description is not None
-            else (summary or f"Tool: {tool_name}"),
-            schema=_object_schema(raw_schema),
-            model=model,
-            fields=tuple(fields),
-            context_param=context_param,
-            is_async=_is_async_callable(fn),
+    def build(
+        name: str, config: ConfigDict | None, **definitions: Any
+    ) -> tuple[type[BaseModel], dict[str, Any]]:
+        model: type[BaseModel] = create_model(name, __config__=config, **definitions)
+        return model, model.model_json_schema()  # some types validate but have no JSON Schema
+
+    try:
+        model, raw_schema = build(
+            f"{tool_name}_arguments", ConfigDict(extra="forbid"), **model_fields
         )
+    except Exception as exc:  # PydanticSchemaGenerationError, PydanticUserError, TypeError, ...
+        where = label
+        for field_key, param_name in fields:  # find the parameter to blame
+            try:
+                build("probe", None, **{field_key: model_fields[field_key]})
+            except Exception:
+                where = f"{label}: parameter {param_name!r}"
+                break
+        raise AgentError.config(
+            f"{where}: unsupported type (pydantic cannot validate it or describe it in JSON "
+            f"Schema): {exc}"
+        ) from None
+    return model, _object_schema(raw_schema), tuple(fields), context_param
 
 
 def _type_hints(fn: Callable[..., Any], label: str) -> dict[str, Any]:
@@ -639,86 +590,43 @@ def _type_hints(fn: Callable[..., Any], label: str) -> dict[str, Any]:
 
 
 def _field_for(
-    param: inspect.Parameter, annotation: Any, doc_description: str | None, where: str
+    param: inspect.Parameter, annotation: Any, doc_params: Mapping[str, str], where: str
 ) -> FieldInfo:
-    """The pydantic field for ``param``: its alias, default and description."""
-    string_description: str | None = None
-    has_field_description = False
-    if typing.get_origin(annotation) is Annotated:
-        for meta in annotation.__metadata__:
-            if isinstance(meta, str) and string_description is None:
-                string_description = meta
-            elif isinstance(meta, FieldInfo):
-                if meta.description is not None:
-                    has_field_description = True
-                if meta.alias or meta.validation_alias or meta.serialization_alias:
-                    raise AgentError.config(
-                        f"{where}: Field aliases are not supported; the parameter name is used"
-                    )
+    """The pydantic field for ``param``: its alias, default and description.
+
+    A ``Field``'s own description wins (pydantic merges it), then the first string in
+    ``Annotated``, then the docstring's text.
+    """
+    metadata = annotation.__metadata__ if typing.get_origin(annotation) is Annotated else ()
+    fields = [meta for meta in metadata if isinstance(meta, FieldInfo)]
+    if any(f.alias or f.validation_alias or f.serialization_alias for f in fields):
+        raise AgentError.config(
+            f"{where}: Field aliases are not supported; the parameter name is used"
+        )
     kwargs: dict[str, Any] = {"alias": param.name}
-    if not has_field_description:
-        text = string_description if string_description is not None else doc_description
-        if text is not None:
-            kwargs["description"] = text
-    if param.default is not inspect.Parameter.empty:
+    if all(f.description is None for f in fields):
+        texts = [meta for meta in metadata if isinstance(meta, str)]
+        description = texts[0] if texts else doc_params.get(param.name)
+        if description is not None:
+            kwargs["description"] = description
+    if param.default is not param.empty:
         kwargs["default"] = param.default
     field: FieldInfo = Field(**kwargs)
     return field
 
 
-def _with_metadata(annotation: Any, field: FieldInfo) -> Any:
-    """``Annotated[annotation, field]``, built at run time."""
-    return Annotated.__class_getitem__((annotation, field))  # type: ignore[attr-defined]
-
-
-def _arguments_model(
-    tool_name: str,
-    model_fields: dict[str, Any],
-    fields: list[tuple[str, str]],
-    label: str,
-) -> type[BaseModel]:
-    try:
-        model: type[BaseModel] = create_model(
-            f"{tool_name}_arguments",
-            __config__=ConfigDict(extra="forbid"),
-            **model_fields,
-        )
-    except Exception as exc:  # PydanticSchemaGenerationError, PydanticUserError, TypeError
-        culprit = _find_bad_parameter(fields, model_fields)
-        where = f"{label}: parameter {culprit!r}" if culprit else label
-        raise AgentError.config(f"{where}: unsupported type: {exc}") from None
-    return model
-
-
-def _find_bad_parameter(fields: list[tuple[str, str]], model_fields: dict[str, Any]) -> str | None:
-    """The first parameter that pydantic cannot validate or describe on its own."""
-    for field_key, param_name in fields:
-        try:
-            create_model("probe", **{field_key: model_fields[field_key]}).model_json_schema()
-        except Exception:  # any failure marks the culprit
-            return param_name
-    return None
-
-
-def _is_context(annotation: Any) -> bool:
-    """``ToolContext``, possibly inside ``Annotated`` or ``| None``."""
+def _context_role(annotation: Any) -> Literal["whole", "part"] | None:
+    """Where :class:`ToolContext` is in a parameter's type: the ``"whole"`` of it (also inside
+    ``Annotated`` or ``| None``), a ``"part"`` of it (which is refused), or nowhere (None)."""
     if annotation is ToolContext:
-        return True
-    origin = typing.get_origin(annotation)
+        return "whole"
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is Annotated:
-        return _is_context(annotation.__origin__)
-    if origin in (typing.Union, types.UnionType):
-        members = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return len(members) == 1 and _is_context(members[0])
-    return False
-
-
-def _mentions_context(annotation: Any) -> bool:
-    if annotation is ToolContext:
-        return True
-    if typing.get_origin(annotation) is Annotated:
-        return _mentions_context(annotation.__origin__)
-    return any(_mentions_context(arg) for arg in typing.get_args(annotation))
+        return _context_role(args[0])
+    members = [arg for arg in args if arg is not type(None)]
+    if origin in (typing.Union, types.UnionType) and len(members) == 1:  # Optional[X]
+        return _context_role(members[0])
+    return "part" if any(_context_role(arg) for arg in args) else None
 
 
 def _object_schema(raw: dict[str, Any]) -> dict[str, JsonValue]:
@@ -761,126 +669,59 @@ def _strip_titles(schema: Any) -> Any:
 
 # --- docstrings -----------------------------------------------------------------------------
 
-_GOOGLE_HEADERS: Final = frozenset({"args:", "arguments:", "parameters:", "params:",
-                                    "keyword args:", "keyword arguments:"})  # fmt: skip
-_NUMPY_HEADERS: Final = frozenset({"parameters", "other parameters"})
+_ARGS_HEADERS: Final = frozenset({"args:", "arguments:", "parameters:", "params:",
+                                  "keyword args:", "keyword arguments:"})  # fmt: skip
 _GOOGLE_ENTRY: Final = re.compile(r"\*{0,2}(?P<name>\w+)\s*(?:\([^)]*\))?\s*:\s*(?P<text>.*)")
-_NUMPY_ENTRY: Final = re.compile(r"(?P<name>\w+)\s*(?::.*)?")
-_SPHINX_PARAM: Final = re.compile(r":param\s+(?:[^:]*\s)?(?P<name>\w+)\s*:\s*(?P<text>.*)")
+_SPHINX_FIELD: Final = re.compile(
+    r":(?P<kind>param|type)\s+(?:[^:]*\s)?(?P<name>\w+)\s*:(?P<text>.*)"
+)
 
 
 def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     """Split a docstring into its description and its per-parameter texts.
 
-    Understands Google (``Args:``), NumPy (``Parameters`` over a dashed rule) and Sphinx
-    (``:param name: text``) parameter sections; the section is left out of the description.
+    Understands a Google parameter section (``Args:`` and its indented ``name (type): text``
+    entries) and Sphinx fields (``:param name: text``, ``:type name: ...``); both are left out
+    of the description, and so are their deeper-indented continuation lines. Other sections
+    (``Returns:``, ...) stay in the description.
     """
-    if not doc:
-        return "", {}
-    lines = inspect.cleandoc(doc).splitlines()
-    params: dict[str, str] = {}
+    lines = inspect.cleandoc(doc or "").splitlines()
     kept: list[str] = []
+    texts: dict[str, list[str]] = {}  # parameter name -> its lines
     i = 0
     while i < len(lines):
-        line = lines[i]
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
-        if stripped.lower() in _GOOGLE_HEADERS:
-            i = _google_section(lines, i + 1, indent, params)
-        elif stripped.lower() in _NUMPY_HEADERS and i + 1 < len(lines) and _is_rule(lines[i + 1]):
-            i = _numpy_section(lines, i + 2, indent, params)
-        elif stripped.startswith((":param ", ":type ")):
-            i = _sphinx_field(lines, i, indent, params)
-        else:
+        line, i = lines[i], i + 1
+        field = _SPHINX_FIELD.fullmatch(line.strip())
+        if field is None and line.strip().lower() not in _ARGS_HEADERS:
             kept.append(line.rstrip())
-            i += 1
-    return _join_paragraphs(kept), params
-
-
-def _google_section(lines: list[str], start: int, header_indent: int, out: dict[str, str]) -> int:
-    entry_indent: int | None = None
-    current_name: str | None = None
-    current: list[str] = []
-    i = start
-    while i < len(lines):
-        line = lines[i]
-        if not line.strip():
-            i += 1
             continue
-        indent = len(line) - len(line.lstrip())
-        if indent <= header_indent:
-            break
-        if entry_indent is None:
-            entry_indent = indent
-        match = _GOOGLE_ENTRY.fullmatch(line.strip()) if indent <= entry_indent else None
-        if match:
-            current_name, current = match["name"], [match["text"].strip()]
-            _store(out, current_name, current)
-        elif current_name is not None:
-            current.append(line.strip())
-            _store(out, current_name, current)
-        i += 1
-    return i
-
-
-def _numpy_section(lines: list[str], start: int, header_indent: int, out: dict[str, str]) -> int:
-    name: str | None = None
-    text: list[str] = []
-    i = start
-    while i < len(lines):
-        line = lines[i]
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
-        if i + 1 < len(lines) and stripped and _is_rule(lines[i + 1]):
-            break  # the next section's header
-        if not stripped:
+        # the block under the header or field: blank lines and lines indented deeper than it
+        start = i
+        while i < len(lines) and (not lines[i].strip() or _indent(lines[i]) > _indent(line)):
             i += 1
+        block = [text for text in lines[start:i] if text.strip()]
+        if field is not None:
+            if field["kind"] == "param":
+                texts[field["name"]] = [field["text"], *block]
             continue
-        if indent <= header_indent:
-            match = _NUMPY_ENTRY.fullmatch(stripped)
-            if match is None:
-                break
-            name, text = match["name"], []
-            _store(out, name, text)
-        elif name is not None:
-            text.append(stripped)
-            _store(out, name, text)
-        i += 1
-    return i
+        entry_indent = min((_indent(text) for text in block), default=0)
+        name: str | None = None
+        for text in block:
+            entry = _GOOGLE_ENTRY.fullmatch(text.strip()) if _indent(text) == entry_indent else None
+            if entry is not None:
+                name = entry["name"]
+                texts[name] = [entry["text"]]
+            elif name is not None:
+                texts[name].append(text)
+    description = re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).strip()
+    params = {
+        name: " ".join(t.strip() for t in parts if t.strip()) for name, parts in texts.items()
+    }
+    return description, params
 
 
-def _sphinx_field(lines: list[str], start: int, indent: int, out: dict[str, str]) -> int:
-    match = _SPHINX_PARAM.fullmatch(lines[start].strip())
-    text = [match["text"].strip()] if match else []
-    i = start + 1
-    while i < len(lines):
-        line = lines[i]
-        if not line.strip() or len(line) - len(line.lstrip()) <= indent:
-            break
-        text.append(line.strip())
-        i += 1
-    if match:
-        _store(out, match["name"], text)
-    return i
-
-
-def _store(out: dict[str, str], name: str, text: list[str]) -> None:
-    out[name] = " ".join(part for part in text if part)
-
-
-def _is_rule(line: str) -> bool:
-    stripped = line.strip()
-    return bool(stripped) and set(stripped) == {"-"}
-
-
-def _join_paragraphs(lines: list[str]) -> str:
-    """Join lines, with at most one blank line in a row and none at either end."""
-    out: list[str] = []
-    for line in lines:
-        if not line and (not out or not out[-1]):
-            continue
-        out.append(line)
-    return "\n".join(out).strip()
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
 
 
 # --- the registry ---------------------------------------------------------------------------
@@ -893,12 +734,11 @@ class ToolRegistry:
     step costs nothing and the prompt's tool block stays identical between calls [AG-02, AG-16].
     """
 
-    __slots__ = ("_definitions", "_sorted", "_tools")
+    __slots__ = ("_definitions", "_tools")
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
-        self._sorted: list[Tool] | None = None
-        self._definitions: list[ToolDefinition] | None = None
+        self._definitions: tuple[ToolDefinition, ...] | None = None
         for item in tools:
             self.add(item)
 
@@ -908,7 +748,7 @@ class ToolRegistry:
         if name in self._tools:
             raise AgentError.config(f"a tool named {name!r} is already registered")
         self._tools[name] = tool
-        self._changed()
+        self._definitions = None
 
     def remove(self, name: str) -> Tool:
         """Unregister and return the tool called ``name``; it must exist."""
@@ -916,7 +756,7 @@ class ToolRegistry:
             removed = self._tools.pop(name)
         except KeyError:
             raise AgentError.config(f"no tool named {name!r} is registered") from None
-        self._changed()
+        self._definitions = None
         return removed
 
     def replace(self, tool: Tool) -> Tool:
@@ -926,7 +766,7 @@ class ToolRegistry:
         if old is None:
             raise AgentError.config(f"no tool named {name!r} is registered to replace")
         self._tools[name] = tool
-        self._changed()
+        self._definitions = None
         return old
 
     def get(self, name: str) -> Tool | None:
@@ -936,13 +776,13 @@ class ToolRegistry:
         """The registered names, sorted."""
         return sorted(self._tools)
 
-    def definitions(self) -> list[ToolDefinition]:
-        """The tool definitions sorted by name: the same list object until the next change.
+    def definitions(self) -> tuple[ToolDefinition, ...]:
+        """The tool definitions sorted by name: the same tuple until the next change.
 
-        Treat it as read-only; it is shared between callers.
+        A tuple of frozen definitions, so a hook that edits ``request.tools`` cannot change it.
         """
         if self._definitions is None:
-            self._definitions = [definition_of(t) for t in self._sorted_tools()]
+            self._definitions = tuple(definition_of(tool) for tool in self)
         return self._definitions
 
     def __contains__(self, name: object) -> bool:
@@ -952,19 +792,11 @@ class ToolRegistry:
         return len(self._tools)
 
     def __iter__(self) -> Iterator[Tool]:
-        return iter(self._sorted_tools())
+        """The tools, sorted by name."""
+        return iter([self._tools[name] for name in sorted(self._tools)])
 
     def __repr__(self) -> str:
         return f"ToolRegistry({self.names()!r})"
-
-    def _sorted_tools(self) -> list[Tool]:
-        if self._sorted is None:
-            self._sorted = [self._tools[name] for name in sorted(self._tools)]
-        return self._sorted
-
-    def _changed(self) -> None:
-        self._sorted = None
-        self._definitions = None
 
 
 # --- small shared checks --------------------------------------------------------------------
@@ -972,7 +804,8 @@ class ToolRegistry:
 
 def _checked_tool(value: object) -> Tool:
     if not isinstance(value, Tool):
-        raise AgentError.config(f"{value!r} is not a Tool")
+        missing = [member for member in _TOOL_MEMBERS if not hasattr(value, member)]
+        raise AgentError.config(f"{value!r} is not a Tool: missing {', '.join(missing)}")
     _check_name(value.name, f"tool {value.name!r}")
     return value
 
@@ -1010,17 +843,6 @@ def _is_async_callable(fn: Callable[..., Any]) -> bool:
         return True
     # an object with an async __call__
     return not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
-
-
-def _compile_schema(schema: Mapping[str, Any], name: str) -> Callable[[Any], Any]:
-    """A fast validator (compiled once to Python code) for a tool's JSON Schema.
-
-    ``use_default=False``: validating never writes defaults into the model's arguments.
-    """
-    try:
-        return fastjsonschema.compile(dict(schema), use_default=False)
-    except (fastjsonschema.JsonSchemaDefinitionException, TypeError, ValueError) as exc:
-        raise AgentError.config(f"FnTool {name!r}: invalid JSON Schema: {exc}") from None
 
 
 def _json_path(loc: tuple[int | str, ...]) -> str:

@@ -37,7 +37,7 @@ from agent_plugin.tools import FnTool
 STEPS = (1, 10, 50, 200)
 """Tool rounds per run. Each figure is the marginal cost: (CPU of an N-round run - CPU of a
 run answered directly) / N, so the fixed cost of a run is not spread over its steps."""
-REPEATS = 7
+REPEATS = 15
 USAGE = TokenUsage(input_tokens=1, output_tokens=1)
 
 
@@ -125,7 +125,8 @@ async def hand_loop(model: InstantModel) -> None:
 
 
 async def cpu_of(fn: Any, subject: Any) -> float:
-    """Median CPU µs of one run over REPEATS runs (after a warm-up run)."""
+    """The least CPU µs of one run over REPEATS runs (after a warm-up run): on a shared
+    machine the minimum is the most repeatable estimate of the work itself."""
     await fn(subject)
     samples = []
     for _ in range(REPEATS):
@@ -133,8 +134,7 @@ async def cpu_of(fn: Any, subject: Any) -> float:
         start = time.process_time()
         await fn(subject)
         samples.append((time.process_time() - start) * 1e6)
-    samples.sort()
-    return samples[len(samples) // 2]
+    return min(samples)
 
 
 async def measure() -> tuple[dict[str, float], list[dict[str, float]]]:

@@ -10,12 +10,22 @@ import textwrap
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_plugin.agent import Agent
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.hooks import AgentHooks, Block, Modify, ToolHookResult, ToolOutput
 from agent_plugin.loop_guard import LoopGuard
-from agent_plugin.messages import ChatMessage, Role, TokenUsage, ToolCall, ToolResultPart
+from agent_plugin.memory import InMemoryMemoryStore
+from agent_plugin.messages import (
+    ChatMessage,
+    Role,
+    TokenUsage,
+    ToolCall,
+    ToolResultPart,
+    repair_transcript,
+)
 from agent_plugin.outcomes import (
     AgentOutcome,
     ApprovalDecision,
@@ -30,6 +40,8 @@ from agent_plugin.outcomes import (
 from agent_plugin.policy import ToolRules
 from agent_plugin.providers.base import ChatRequest, ChatResponse
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
+from agent_plugin.sessions import InMemorySessionStore
+from agent_plugin.skills import Skill
 from agent_plugin.tools import FnTool, ToolContext, ToolEffect, tool
 
 WEATHER_SCHEMA: dict[str, Any] = {
@@ -545,3 +557,104 @@ async def test_calls_without_distinct_ids_get_their_own() -> None:
     answered = [p.tool_result.tool_call_id for p in turn.messages[2].content]  # type: ignore[union-attr]
     assert answered == ids
     assert tool_results(turn.messages[2]) == ['"sunny in Oslo"', '"sunny in Rome"']
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    script=st.lists(
+        st.one_of(
+            st.text(max_size=20),
+            st.lists(st.sampled_from(["get_weather", "teleport"]), min_size=1, max_size=3),
+        ),
+        max_size=15,
+    ),
+    max_steps=st.integers(min_value=1, max_value=8),
+    parallel=st.booleans(),
+)
+async def test_loop_never_exceeds_step_budget(
+    script: list[str | list[str]], max_steps: int, parallel: bool
+) -> None:
+    replies: list[Any] = [
+        step if isinstance(step, str) else [tool_call(n, {"city": "x"}) for n in step]
+        for step in script
+    ]
+    model = ScriptedModel(replies)
+    agent = Agent(model, tools=[weather_tool()], max_steps=max_steps, parallel_tool_calls=parallel)
+    turn = await agent.run_turn([], "go")
+    steps = getattr(turn.outcome, "steps_used", 0)
+    assert steps <= max_steps
+    assert len(model.requests) <= max_steps + 1
+    assert repair_transcript(turn.messages) == turn.messages  # always a valid transcript
+
+
+# --- memory and skills in the prompt -------------------------------------------------------
+
+
+def system_text(request: ChatRequest) -> str:
+    first = request.messages[0]
+    assert first.role is Role.SYSTEM
+    return first.text_content
+
+
+async def test_memory_is_a_frozen_snapshot_plus_a_tool() -> None:
+    store = InMemoryMemoryStore()
+    remember = tool_call(
+        "memory", {"action": "add", "block": "user", "text": "name is Mark"}, id="m1"
+    )
+    model = ScriptedModel([remember, "noted", "Hi Mark"])
+    agent = Agent(model, system_prompt="Be kind.", memory=store, memory_scope="u1")
+
+    first = await agent.run_turn([], "I am Mark")
+    assert json.loads(tool_results(first.messages[2])[0]) == {
+        "ok": True,
+        "block": "user",
+        "used": 12,
+        "limit": 1375,
+    }
+    before, during = (system_text(r) for r in model.requests[:2])
+    assert before.startswith("Be kind.\n\n## Memory")
+    assert "name is Mark" not in during  # written at once, shown from the next run
+    await agent.run("Who am I?")
+    assert "- name is Mark" in system_text(model.requests[2])
+    other_scope = Agent(ScriptedModel(), memory=store, memory_scope="u2")
+    assert (
+        "name is Mark"
+        not in (await other_scope.system_message() or ChatMessage.user("")).text_content
+    )
+
+
+async def test_skills_are_listed_and_loadable() -> None:
+    deploy = Skill(name="deploy", description="How to ship a release", body="1. tag\n2. push")
+    model = ScriptedModel([tool_call("load_skill", {"name": "deploy"}), "shipped"])
+    turn = await Agent(model, skills=[deploy]).run_turn([], "ship it")
+    prompt = system_text(model.requests[0])
+    assert "## Skills" in prompt
+    assert "- deploy: How to ship a release" in prompt
+    assert "1. tag" not in prompt  # bodies load on demand
+    assert json.loads(tool_results(turn.messages[2])[0]) == {
+        "name": "deploy",
+        "instructions": "1. tag\n2. push",
+    }
+
+
+async def test_the_agent_runs_and_resumes_in_a_session() -> None:
+    store = InMemorySessionStore()
+    model = ScriptedModel(["Hi!", tool_call("act", {"city": "x"}, id="a"), "Done."])
+    agent = Agent(model, tools=acting_tools([]), policy=ToolRules.ask_before_acting())
+    await agent.run_in_session(store, "s1", "hello")
+    paused = await agent.run_in_session(store, "s1", "act now")
+    assert isinstance(paused.outcome, AwaitingApproval)
+    assert len((await store.load("s1")).messages) == 2  # a pause saves nothing
+    done = await agent.resume_in_session(
+        store, paused.outcome.state, [ApprovalDecision.approve("a")]
+    )
+    assert completed(done.outcome).text == "Done."
+    saved = (await store.load("s1")).messages
+    assert [m.role for m in saved] == [
+        Role.USER,
+        Role.ASSISTANT,
+        Role.USER,
+        Role.ASSISTANT,
+        Role.TOOL,
+        Role.ASSISTANT,
+    ]

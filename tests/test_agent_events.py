@@ -95,7 +95,7 @@ async def test_exactly_one_run_end_when_the_provider_fails() -> None:
     ends = [e for e in events if isinstance(e, RunEnded)]
     assert len(ends) == 1
     assert ends[0].error is not None
-    assert ends[0].error["kind"] == "authentication"
+    assert ends[0].error.kind is ErrorKind.AUTHENTICATION
     assert events[-1] is ends[0]
 
 
@@ -121,7 +121,13 @@ async def test_events_round_trip_as_json_tagged_by_type() -> None:
     for event in events:
         data = event.model_dump_json()
         assert json.loads(data)["type"] == event.type
-        assert event_adapter.validate_json(data) == event
+        assert event_adapter.validate_json(data).model_dump() == event.model_dump()
+    end = events[-1]
+    assert isinstance(end, RunEnded)
+    assert end.outcome is not None  # in process: the whole outcome
+    assert "outcome" not in json.loads(end.model_dump_json())  # across processes: the summary
+    assert end.summary is not None
+    assert end.summary.text == "done"
 
 
 async def test_tool_arguments_are_redacted_in_events_but_not_for_the_tool() -> None:
@@ -137,6 +143,21 @@ async def test_tool_arguments_are_redacted_in_events_but_not_for_the_tool() -> N
     assert secret not in dumped
     assert seen == [{"user": "kari", "password": "hunter2", "note": secret}]
     assert "hunter2" in turn.messages[1].model_dump_json()  # the transcript is untouched
+
+
+async def test_a_paused_run_end_event_carries_no_transcript_or_secret() -> None:
+    send = FnTool("send", "sends", {"type": "object"}, lambda a: "sent", effect=ToolEffect.WRITE)
+    model = ScriptedModel([tool_call("send", {"to": "kari", "password": "hunter2"}, id="s1")])
+    agent = Agent(model, tools=[send], policy=ToolRules.ask_before_acting())
+    events, turn = await collect(agent, "go")
+    assert isinstance(turn.outcome, AwaitingApproval)
+    published = "".join(e.model_dump_json() for e in events)
+    assert "hunter2" not in published
+    end = events[-1]
+    assert isinstance(end, RunEnded)
+    assert end.summary is not None
+    assert [a.call_id for a in end.summary.awaiting] == ["s1"]
+    assert end.outcome == turn.outcome
 
 
 # --- streaming -----------------------------------------------------------------------------
@@ -189,7 +210,7 @@ async def test_retries_are_events() -> None:
     await Agent(RetryingModel(["ok"])).run("go", on_event=events.append)
     retry = next(e for e in events if e.type == "retry")
     assert retry.attempt == 1  # type: ignore[union-attr]
-    assert retry.error["kind"] == "rate_limited"  # type: ignore[union-attr]
+    assert retry.error.kind is ErrorKind.RATE_LIMITED  # type: ignore[union-attr]
     assert types(events).index("retry") < types(events).index("model_response")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,7 @@ from agent_plugin.budget import (
     estimate_tokens,
     truncate_history,
 )
+from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.messages import (
     ChatMessage,
     Image,
@@ -441,11 +443,10 @@ def test_budget_steps_exhaust_at_the_limit() -> None:
     assert budget.exhausted(2, TokenUsage()) is None
     assert budget.exhausted(3, TokenUsage()) == "steps"
     assert budget.exhausted(4, TokenUsage()) == "steps"
-    assert Budget(max_steps=0).exhausted(0, TokenUsage()) == "steps"
 
 
 def test_budget_steps_are_reported_before_tokens() -> None:
-    budget = Budget(max_steps=1, max_tokens=100)
+    budget = Budget(max_steps=1, max_tokens=1_000)
     assert budget.exhausted(1, TokenUsage(input_tokens=1_000)) == "steps"
 
 
@@ -461,8 +462,13 @@ def test_budget_tokens_exhaust_below_the_useful_minimum() -> None:
     assert budget.exhausted(0, cached) is None
 
 
-def test_budget_smaller_than_the_useful_minimum_is_exhausted_at_once() -> None:
-    assert Budget(max_tokens=MIN_USEFUL_REMAINING - 1).exhausted(0, TokenUsage()) == "tokens"
+def test_a_budget_that_could_never_make_a_call_is_refused() -> None:
+    with pytest.raises(AgentError) as caught:
+        Budget(max_tokens=MIN_USEFUL_REMAINING - 1)
+    assert caught.value.kind is ErrorKind.CONFIG
+    assert "max_tokens must be at least 512" in caught.value.message
+    with pytest.raises(AgentError):
+        Budget(max_steps=0)
     assert Budget(max_tokens=MIN_USEFUL_REMAINING).exhausted(0, TokenUsage()) is None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def test_saved_fingerprints_round_trip() -> None:
 
 
 def test_restored_fingerprints_keep_only_the_window() -> None:
-    guard = LoopGuard(window=4)
+    guard = LoopGuard(warn_after=2, stop_after=4, window=4)
     tracker = guard.tracker([10, 11, 12, 13, 14, 15])
     assert tracker.recent == [12, 13, 14, 15]
 
@@ -104,12 +105,21 @@ def test_calls_that_leave_the_window_stop_counting() -> None:
     assert tracker.recent == [fingerprint("a", {}, "x")] * 3
 
 
+@st.composite
+def guards(draw: st.DrawFn) -> LoopGuard:
+    """Valid guards: disabled (window 0), or 1 <= warn_after <= stop_after <= window."""
+    window = draw(st.integers(min_value=0, max_value=8))
+    if window == 0:
+        return LoopGuard.disabled()
+    stop_after = draw(st.integers(min_value=1, max_value=window))
+    warn_after = draw(st.integers(min_value=1, max_value=stop_after))
+    return LoopGuard(warn_after=warn_after, stop_after=stop_after, window=window)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
-    window=st.integers(min_value=0, max_value=8),
-    warn_after=st.integers(min_value=1, max_value=6),
-    stop_after=st.integers(min_value=1, max_value=8),
-    saved=st.lists(st.integers(min_value=0, max_value=2**64 - 1), max_size=12),
+    guard=guards(),
+    saved=st.lists(st.integers(min_value=0, max_value=2**53 - 1), max_size=12),
     calls=st.lists(
         st.tuples(
             st.sampled_from(["a", "b"]), st.sampled_from([0, 1]), st.sampled_from(["x", "y"])
@@ -118,15 +128,11 @@ def test_calls_that_leave_the_window_stop_counting() -> None:
     ),
 )
 def test_window_bound_property(
-    window: int,
-    warn_after: int,
-    stop_after: int,
-    saved: list[int],
-    calls: list[tuple[str, int, str]],
+    guard: LoopGuard, saved: list[int], calls: list[tuple[str, int, str]]
 ) -> None:
     """The tracker never holds more than ``window`` fingerprints, repeats never exceed it, and
     each verdict matches a plain recount over the last ``window`` calls."""
-    guard = LoopGuard(warn_after=warn_after, stop_after=stop_after, window=window)
+    window, warn_after, stop_after = guard.window, guard.warn_after, guard.stop_after
     tracker = guard.tracker(saved)
     model: deque[int] = deque(saved[-window:] if window else [], maxlen=window)
     assert tracker.recent == list(model)
@@ -149,7 +155,8 @@ def test_window_bound_property(
 
 
 # A fixed value: if this changes, fingerprints saved by older versions stop matching.
-KNOWN_FINGERPRINT = 4386699840904522954
+# (It changed once, from 64 to 53 bits: a resumed run then starts counting repeats afresh.)
+KNOWN_FINGERPRINT = 2141943281691661
 
 
 def test_fingerprint_is_stable_across_processes() -> None:
@@ -167,17 +174,28 @@ def test_fingerprint_is_stable_across_processes() -> None:
         )
         assert int(out.stdout) == here
     assert here == KNOWN_FINGERPRINT
-    assert 0 <= here < 2**64
+    assert 0 <= here < 2**53
 
 
 def test_fingerprint_follows_the_documented_recipe() -> None:
-    """SHA-256 over length-prefixed UTF-8 parts; the first 8 bytes, big endian, unsigned."""
+    """SHA-256 over length-prefixed UTF-8 parts; the first 53 bits, big endian, unsigned."""
     args = {"b": [1, "é"], "a": None}
     digest = hashlib.sha256()
     for part in ("tool", '{"a":null,"b":[1,"é"]}', "out"):
         data = part.encode()
         digest.update(len(data).to_bytes(8, "big") + data)
-    assert fingerprint("tool", args, "out") == int.from_bytes(digest.digest()[:8], "big")
+    expected = int.from_bytes(digest.digest()[:8], "big") >> 11
+    assert fingerprint("tool", args, "out") == expected
+    assert expected.bit_length() <= 53
+    assert float(expected) == expected  # a JavaScript number holds it exactly
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(), st.text())
+def test_fingerprints_fit_in_53_bits(name: str, content: str) -> None:
+    value = fingerprint(name, {"q": content}, content)
+    assert 0 <= value < 2**53
+    assert json.loads(json.dumps(value)) == int(float(value)) == value
 
 
 def test_fingerprint_parts_cannot_run_into_each_other() -> None:
@@ -188,6 +206,9 @@ def test_fingerprint_parts_cannot_run_into_each_other() -> None:
     assert fingerprint("t", {"k": 1}, "x") == fingerprint("t", {"k": 1}, "x")
     # odd argument values a provider may send still fingerprint (never raise on the hot path)
     assert fingerprint("t", {"k": float("nan")}, "x") != fingerprint("t", {"k": None}, "x")
+    infinite = json.loads('{"k": [Infinity, -Infinity, NaN]}')
+    assert fingerprint("t", infinite, "x") == fingerprint("t", infinite, "x")
+    assert fingerprint("t", {"k": "\ud800"}, "x") != fingerprint("t", {"k": ""}, "x")
 
 
 def test_warning_note_prefix() -> None:
@@ -204,7 +225,19 @@ def test_defaults_and_validation() -> None:
         {"warn_after": 0},
         {"stop_after": 0},
         {"window": -1},
+        {"warn_after": 6},  # warns after it has stopped
+        {"window": 4},  # 5 repeats never fit in a window of 4: it could never stop
+        {"warn_after": 1, "stop_after": 2, "window": 1},
     ):
         with pytest.raises(AgentError) as caught:
             LoopGuard(**bad)
         assert caught.value.kind is ErrorKind.CONFIG
+        assert "loop guard" in caught.value.message
+    # the tightest valid guards
+    assert LoopGuard(warn_after=1, stop_after=1, window=1).tracker().record("t", {}, "x") == Stop(1)
+    assert LoopGuard(warn_after=5, stop_after=5, window=5).enabled
+
+
+def test_disabled_is_window_zero_only() -> None:
+    assert LoopGuard.disabled() == LoopGuard(window=0)
+    assert not LoopGuard(warn_after=99, stop_after=1, window=0).enabled  # thresholds ignored

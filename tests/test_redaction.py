@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import JsonValue
 
-from agent_plugin.redaction import REDACTED, looks_secret, redact, redact_text
+from agent_plugin.redaction import REDACTED, looks_secret, redact, redact_text, scrub
 
 ANTHROPIC_KEY = "sk-ant-api03-" + "Ab3_xY-9" * 6
 OPENAI_KEY = "sk-proj-" + "k2Jd93LmQ0" * 4
@@ -125,6 +125,40 @@ def test_any_value_of_a_secret_field_is_redacted(value: JsonValue) -> None:
     assert redact({"password": value}) == {"password": REDACTED}
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x_api_key",
+        "X-Api-Key",
+        "xApiKey",
+        "accessToken",
+        "refreshToken",
+        "idToken",
+        "clientSecret",
+        "client-secret",
+        "CLIENT_SECRET",
+        "apiKey",
+        "API-KEY",
+        "openai_api_key",
+        "privateKey",
+        "ssh-private-key",
+        "db_passwd",
+        "newPassword",
+        "Proxy_Authorization",
+        "github_token",
+    ],
+)
+def test_secret_names_match_in_any_case_and_separator_style(name: str) -> None:
+    assert redact({name: "plain value", "city": "Oslo"}) == {name: REDACTED, "city": "Oslo"}
+
+
+@pytest.mark.parametrize(
+    "name", ["tokens", "max_tokens", "tokenCount", "secretary", "keyboard", "api", "key", "author"]
+)
+def test_names_that_only_resemble_secret_names_stay(name: str) -> None:
+    assert redact({name: "plain value"}) == {name: "plain value"}
+
+
 def test_a_null_secret_field_stays_null() -> None:
     assert redact({"token": None}) == {"token": None}
 
@@ -199,3 +233,22 @@ def test_values_without_secrets_are_unchanged(value: JsonValue) -> None:
 def test_a_planted_secret_never_survives(value: JsonValue, secret: str) -> None:
     planted: JsonValue = {"payload": value, "deep": [{"note": f"see {secret}"}], "Token": secret}
     assert secret not in repr(redact(planted))
+
+
+# --- scrub: one known secret ----------------------------------------------------------------
+
+
+def test_scrub_replaces_every_occurrence_of_the_secret() -> None:
+    secret = "opaque-proxy-token-42"  # a shape no pattern knows
+    assert not looks_secret(secret)
+    text = f"key {secret} rejected; you sent {secret}."
+    assert scrub(text, secret) == f"key {REDACTED} rejected; you sent {REDACTED}."
+
+
+@pytest.mark.parametrize("secret", [None, ""])
+def test_scrub_without_a_secret_changes_nothing(secret: str | None) -> None:
+    assert scrub("anything at all", secret) == "anything at all"
+
+
+def test_scrub_leaves_text_without_the_secret_alone() -> None:
+    assert scrub(f"see {OPENAI_KEY}", "another-secret-value") == f"see {OPENAI_KEY}"

@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import datetime
 import enum
 import inspect
 import json
@@ -13,11 +14,16 @@ from typing import Annotated, Any, Literal, Optional
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import BaseModel, Field, JsonValue, ValidationError
 
 from agent_plugin import tools as tools_module
+from agent_plugin.agent import Agent
 from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.hooks import AgentHooks
 from agent_plugin.messages import ToolDefinition
+from agent_plugin.outcomes import Completed, RunInfo
+from agent_plugin.providers.base import ChatRequest
+from agent_plugin.providers.scripted import ScriptedModel, tool_call
 from agent_plugin.tools import (
     TRUNCATION_MARKER,
     FnTool,
@@ -62,16 +68,32 @@ def test_effects_are_ordered_by_impact_not_by_spelling() -> None:
     assert (
         max(ToolEffect.INTERNAL, ToolEffect.EXTERNAL, ToolEffect.READ_ONLY) is ToolEffect.EXTERNAL
     )
-    assert [e.rank for e in ToolEffect] == [0, 1, 2, 3]
 
 
 def test_effects_compare_with_their_string_values_and_serialise_snake_case() -> None:
     assert ToolEffect.READ_ONLY < "internal"
     assert ToolEffect.EXTERNAL > "write"
     assert [e.value for e in ToolEffect] == ["read_only", "internal", "write", "external"]
+    assert "write" < ToolEffect.EXTERNAL  # noqa: SIM300 - the reflected operator
     assert ToolEffect("read_only") is ToolEffect.READ_ONLY
     with pytest.raises(TypeError):
         _ = ToolEffect.WRITE < 3
+    with pytest.raises(TypeError):
+        _ = 3 > ToolEffect.WRITE  # noqa: SIM300 - the reflected operator
+
+
+@pytest.mark.parametrize(
+    "compare",
+    [
+        lambda: ToolEffect.WRITE < "zzz",  # "write" < "zzz" alphabetically
+        lambda: ToolEffect.WRITE >= "",
+        lambda: "zzz" > ToolEffect.WRITE,  # noqa: SIM300 - the reflected operator
+        lambda: "READ_ONLY" <= ToolEffect.WRITE,  # noqa: SIM300 - the reflected operator
+    ],
+)
+def test_effects_refuse_strings_that_are_not_effects(compare: Callable[[], bool]) -> None:
+    with pytest.raises(ValueError, match="is not a valid ToolEffect"):
+        compare()
 
 
 def test_only_read_only_and_internal_are_safe_unattended() -> None:
@@ -86,7 +108,7 @@ def test_effect_defaults_to_write() -> None:
     assert FnTool("f", "d", {}, lambda args: args).effect is ToolEffect.WRITE
     assert ping.effect is ToolEffect.WRITE
     assert ping.sequential is False
-    assert tool(effect=ToolEffect.READ_ONLY)(ping.fn).effect is ToolEffect.READ_ONLY
+    assert tool(effect=ToolEffect.READ_ONLY)(ping.__wrapped__).effect is ToolEffect.READ_ONLY
 
 
 def test_detached_context() -> None:
@@ -151,13 +173,14 @@ async def test_fn_tool_with_a_sync_context_function_and_a_tool_return() -> None:
     assert result == ToolReturn({"done": "c1"}, terminate=True)
 
 
-async def test_fn_tool_converts_models_to_json_data() -> None:
+async def test_fn_tool_returns_the_functions_value_as_it_is() -> None:
     class Point(BaseModel):
         x: int
         y: int
 
     result = await FnTool("pt", "P.", {}, lambda args: Point(x=1, y=2)).execute({}, CTX)
-    assert result == {"x": 1, "y": 2}
+    assert result == Point(x=1, y=2)
+    assert canonical_json(result) == '{"x":1,"y":2}'
 
 
 def test_fn_tool_checks_the_schema_at_construction() -> None:
@@ -172,6 +195,38 @@ def test_fn_tool_checks_the_schema_at_construction() -> None:
     with pytest.raises(AgentError) as excinfo:
         FnTool("bad", "d", {"default": {1, 2}}, lambda args: args)
     assert "not JSON" in config_error(excinfo)
+
+
+@pytest.mark.parametrize(
+    "dialect",
+    [
+        "https://json-schema.org/draft/2020-12/schema",
+        "https://json-schema.org/draft/2019-09/schema#",
+    ],
+)
+def test_fn_tool_refuses_json_schema_dialects_it_cannot_validate(dialect: str) -> None:
+    schema = {"$schema": dialect, "type": "array", "prefixItems": [{"type": "integer"}]}
+    with pytest.raises(AgentError) as excinfo:
+        FnTool("newer", "d", schema, lambda args: args)
+    message = config_error(excinfo)
+    assert "'newer'" in message
+    assert dialect in message
+    assert "Draft 7" in message
+
+
+def test_fn_tool_validates_draft_7_and_never_writes_defaults() -> None:
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"n": {"type": "integer", "default": 5}},
+        "if": {"required": ["n"]},
+        "then": {"properties": {"n": {"minimum": 1}}},
+    }
+    draft7 = FnTool("d7", "d", schema, lambda args: args)
+    assert draft7.validate({"n": 0}) == "$.n: must be bigger than or equal to 1"
+    arguments: dict[str, JsonValue] = {}
+    assert draft7.validate(arguments) is None
+    assert arguments == {}  # use_default=False
 
 
 def test_fn_tool_refuses_bad_names_and_functions() -> None:
@@ -312,41 +367,60 @@ def test_google_docstring_args_describe_parameters_and_leave_the_description() -
     assert props["memo"] == {"type": "string", "default": ""}
 
 
-def test_numpy_and_sphinx_docstrings() -> None:
+def test_sphinx_docstrings() -> None:
     @tool
-    def numpy_style(a: int, b: str) -> None:
+    def sphinx_style(a: int, b: str) -> None:
+        """Do it the Sphinx way.
+
+        :param a: The first,
+            wrapped.
+        :type a: int
+        :param str b: The second.
+        :returns: nothing.
+        """
+
+    assert sphinx_style.description == "Do it the Sphinx way.\n\n:returns: nothing."
+    assert sphinx_style.input_schema["properties"] == {
+        "a": {"type": "integer", "description": "The first, wrapped."},
+        "b": {"type": "string", "description": "The second."},
+    }
+
+
+def test_other_docstring_styles_stay_in_the_description() -> None:
+    @tool
+    def numpy_style(a: int) -> None:
         """Do it the NumPy way.
 
         Parameters
         ----------
         a : int
             The first.
-        b : str
-            The second,
-            wrapped.
-
-        Returns
-        -------
-        None
         """
 
+    assert numpy_style.description == (
+        "Do it the NumPy way.\n\nParameters\n----------\na : int\n    The first."
+    )
+    assert numpy_style.input_schema["properties"] == {"a": {"type": "integer"}}
+
+
+def test_google_sections_end_where_the_indentation_does() -> None:
     @tool
-    def sphinx_style(a: int) -> None:
-        """Do it the Sphinx way.
+    def keyed(first: str, second: str = "") -> None:
+        """Summary.
 
-        :param a: The only one,
-            wrapped.
-        :type a: int
+        Keyword Args:
+            second (str, optional): The second.
+
+        Args:
+            first: The first:
+                it has a colon.
+        More text after the section.
         """
 
-    assert numpy_style.description == "Do it the NumPy way.\n\nReturns\n-------\nNone"
-    assert numpy_style.input_schema["properties"] == {
-        "a": {"type": "integer", "description": "The first."},
-        "b": {"type": "string", "description": "The second, wrapped."},
-    }
-    assert sphinx_style.description == "Do it the Sphinx way."
-    assert sphinx_style.input_schema["properties"] == {
-        "a": {"type": "integer", "description": "The only one, wrapped."}
+    assert keyed.description == "Summary.\n\nMore text after the section."
+    assert keyed.input_schema["properties"] == {
+        "first": {"type": "string", "description": "The first: it has a colon."},
+        "second": {"type": "string", "description": "The second.", "default": ""},
     }
 
 
@@ -524,7 +598,7 @@ async def test_nested_model_arguments_arrive_as_models() -> None:
         ],
         "priority": "high",
     }
-    assert await weigh.execute(arguments, CTX) == [500, "high"]
+    assert await weigh.execute(arguments, CTX) == [500, Priority.HIGH]
 
 
 @dataclasses.dataclass
@@ -533,7 +607,7 @@ class Receipt:
     priority: Priority
 
 
-async def test_returned_models_dataclasses_and_tool_returns_become_json_data() -> None:
+async def test_execute_returns_the_value_and_canonical_json_encodes_it() -> None:
     @tool
     def address() -> Address:
         return Address(street="Main 1")
@@ -550,16 +624,41 @@ async def test_returned_models_dataclasses_and_tool_returns_become_json_data() -
     def finish() -> ToolReturn:
         return ToolReturn(Address(street="End"), terminate=True)
 
-    assert await address.execute({}, CTX) == {"street": "Main 1", "title": None}
-    assert await parcels.execute({}, CTX) == [
-        {"to": {"street": "A", "title": None}, "weight_grams": 1}
-    ]
-    assert await receipt.execute({}, CTX) == {"id": "r-1", "priority": "low"}
-    assert await finish.execute({}, CTX) == ToolReturn(
-        {"street": "End", "title": None}, terminate=True
+    assert await address.execute({}, CTX) == Address(street="Main 1")
+    assert canonical_json(await address.execute({}, CTX)) == '{"street":"Main 1","title":null}'
+    assert canonical_json(await parcels.execute({}, CTX)) == (
+        '[{"to":{"street":"A","title":null},"weight_grams":1}]'
     )
-    result = await parcels.execute({}, CTX)
-    assert json.loads(json.dumps(result)) == result
+    assert canonical_json(await receipt.execute({}, CTX)) == '{"id":"r-1","priority":"low"}'
+    assert await finish.execute({}, CTX) == ToolReturn(Address(street="End"), terminate=True)
+
+
+RICH_VALUE = {
+    "when": datetime.date(2024, 5, 17),
+    "at": datetime.datetime(2024, 5, 17, 9, 30, tzinfo=datetime.UTC),
+    "tags": {"only"},
+    "pair": (1, "b"),
+    "priority": Priority.HIGH,
+    "receipt": Receipt(id="r-2", priority=Priority.LOW),
+    "nested": [Address(street="x")],
+}
+RICH_TEXT = (
+    '{"at":"2024-05-17T09:30:00Z","nested":[{"street":"x","title":null}],"pair":[1,"b"],'
+    '"priority":"high","receipt":{"id":"r-2","priority":"low"},"tags":["only"],'
+    '"when":"2024-05-17"}'
+)
+
+
+async def test_both_kinds_of_tool_return_rich_values_the_same_way() -> None:
+    """One conversion for every tool: dates, sets, tuples, enums, dataclasses and models."""
+
+    @tool
+    def rich() -> dict[str, Any]:
+        return RICH_VALUE
+
+    fn_tool = FnTool("rich", "d", {}, lambda args: RICH_VALUE)
+    assert canonical_json(await rich.execute({}, CTX)) == RICH_TEXT
+    assert canonical_json(await fn_tool.execute({}, CTX)) == RICH_TEXT
 
 
 async def test_a_value_that_cannot_be_json_is_a_tool_error() -> None:
@@ -567,10 +666,13 @@ async def test_a_value_that_cannot_be_json_is_a_tool_error() -> None:
     def opaque() -> object:
         return {"x": object()}
 
-    with pytest.raises(AgentError) as excinfo:
-        await opaque.execute({}, CTX)
-    assert excinfo.value.kind is ErrorKind.TOOL
-    assert excinfo.value.message.startswith("the tool returned a value that is not JSON: ")
+    fn_tool = FnTool("opaque", "d", {}, lambda args: {"x": object()})
+    for value in (await opaque.execute({}, CTX), await fn_tool.execute({}, CTX)):
+        with pytest.raises(AgentError) as excinfo:
+            canonical_json(value)
+        assert excinfo.value.kind is ErrorKind.TOOL
+        assert excinfo.value.message.startswith("the tool returned a value that is not JSON: ")
+        assert "object" in excinfo.value.message
 
 
 async def test_exceptions_from_the_function_propagate() -> None:
@@ -626,7 +728,7 @@ def test_the_decorated_object_still_calls_the_function() -> None:
 
     assert isinstance(double, FunctionTool)
     assert double(21) == 42
-    assert double.fn(x=2) == 4
+    assert double.__wrapped__(x=2) == 4
     assert double.sequential is True
     assert repr(double) == "FunctionTool(name='double', effect='read_only')"
     assert double.__doc__ == "Double x."
@@ -695,6 +797,17 @@ def test_positional_only_and_unannotated_parameters_are_refused() -> None:
     assert "bare" in message
     assert "'a'" in message
     assert "annotation" in message
+
+
+def test_an_unbound_method_gets_a_hint() -> None:
+    class Shop:
+        def price(self, item: str) -> int:
+            return 3
+
+    message = decoration_error(Shop.price)
+    assert "'self'" in message
+    assert "tool(obj.method)" in message
+    assert tool(Shop().price).input_schema["properties"] == {"item": {"type": "string"}}
 
 
 def test_a_second_tool_context_is_refused() -> None:
@@ -813,10 +926,30 @@ def test_registry_add_remove_replace() -> None:
     assert repr(registry) == "ToolRegistry(['a', 'c'])"
 
 
-def test_registry_refuses_things_that_are_not_tools() -> None:
+def test_registry_refuses_things_that_are_not_tools_and_lists_what_is_missing() -> None:
     with pytest.raises(AgentError) as excinfo:
         ToolRegistry([object()])  # type: ignore[list-item]
-    assert "not a Tool" in config_error(excinfo)
+    assert config_error(excinfo).endswith(
+        "is not a Tool: missing name, description, input_schema, effect, sequential, "
+        "validate, execute"
+    )
+
+    class HalfDone:
+        name = "half"
+        description = "d"
+        input_schema: dict[str, JsonValue] = {}  # noqa: RUF012
+
+        async def execute(self, arguments: JsonValue, ctx: ToolContext) -> Any:
+            return None
+
+    with pytest.raises(AgentError) as excinfo:
+        ToolRegistry().add(HalfDone())  # type: ignore[arg-type]
+    assert config_error(excinfo).endswith("is not a Tool: missing effect, sequential, validate")
+
+
+def test_the_member_list_matches_the_protocol() -> None:
+    declared = {name for name in vars(Tool) if not name.startswith("_")}
+    assert set(tools_module._TOOL_MEMBERS) == declared
 
 
 def test_definitions_are_sorted_and_cached_until_a_change() -> None:
@@ -861,11 +994,44 @@ def test_a_users_own_class_fits_the_registry() -> None:
             return "noon"
 
     registry = ToolRegistry([Clock()])
-    assert registry.definitions() == [
+    assert registry.definitions() == (
         ToolDefinition(
             name="clock", description="What time is it?", input_schema={"type": "object"}
-        )
-    ]
+        ),
+    )
+
+
+async def test_a_hook_editing_request_tools_cannot_change_the_registry() -> None:
+    """definitions() is a tuple of frozen definitions, shared by every request of a run."""
+
+    class ToolEditor(AgentHooks):
+        failures: list[str] = []  # noqa: RUF012
+
+        async def before_model(self, request: ChatRequest, info: RunInfo) -> None:
+            try:
+                request.tools.append(  # type: ignore[attr-defined]
+                    ToolDefinition(name="sneaky", description="x", input_schema={})
+                )
+            except AttributeError:
+                self.failures.append("append")
+            try:
+                request.tools[0].description = "edited"  # type: ignore[misc]
+            except ValidationError:
+                self.failures.append("edit")
+            # replacing the list changes this request only
+            request.tools = [ToolDefinition(name="other", description="o", input_schema={})]
+
+    editor = ToolEditor()
+    model = ScriptedModel([tool_call("echo", {}), "done"])
+    agent = Agent(model, tools=[make_tool("echo")], hooks=[editor])
+    before = agent.tools.definitions()
+    assert isinstance(await agent.run("go"), Completed)
+    assert editor.failures == ["append", "edit", "append", "edit"]
+    assert [[d.name for d in request.tools] for request in model.requests] == [["other"]] * 2
+    assert agent.tools.definitions() is before
+    assert before == (
+        ToolDefinition(name="echo", description="d", input_schema={"type": "object"}),
+    )
 
 
 # --- output text -----------------------------------------------------------------------------
@@ -882,7 +1048,21 @@ def test_canonical_json_matches_serde_compact_sorted_output() -> None:
     assert canonical_json([Address(street="x")]) == '[{"street":"x","title":null}]'
 
 
-@pytest.mark.parametrize("value", [{1, 2}, object(), {"x": float("nan")}, b"bytes"])
+class NanModel(BaseModel):
+    x: float
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        object(),
+        {"x": float("nan")},
+        [float("inf")],
+        NanModel(x=float("-inf")),
+        b"\xff",  # bytes become UTF-8 text, when they are UTF-8
+        {"a": 1, 2: "mixed key types cannot be sorted"},
+    ],
+)
 def test_canonical_json_refuses_values_that_are_not_json(value: Any) -> None:
     with pytest.raises(AgentError) as excinfo:
         canonical_json(value)
@@ -891,8 +1071,32 @@ def test_canonical_json_refuses_values_that_are_not_json(value: Any) -> None:
 
 
 def test_canonical_json_names_the_offending_type() -> None:
-    with pytest.raises(AgentError, match="set"):
-        canonical_json({"tags": {"a"}})
+    class Opaque:
+        pass
+
+    with pytest.raises(AgentError, match="Opaque"):
+        canonical_json({"thing": Opaque()})
+
+
+def test_canonical_json_converts_what_pydantic_can() -> None:
+    assert canonical_json(RICH_VALUE) == RICH_TEXT
+    assert canonical_json({"tags": frozenset({"a"}), "raw": b"bytes"}) == (
+        '{"raw":"bytes","tags":["a"]}'
+    )
+    assert canonical_json(Receipt(id="r", priority=Priority.HIGH)) == (
+        '{"id":"r","priority":"high"}'
+    )
+
+
+def test_canonical_json_writes_nan_only_when_allowed() -> None:
+    value = {"b": float("nan"), "a": [float("inf"), float("-inf")]}
+    assert canonical_json(value, allow_nan=True) == '{"a":[Infinity,-Infinity],"b":NaN}'
+    assert json.loads(canonical_json(value, allow_nan=True))["a"] == [
+        float("inf"),
+        float("-inf"),
+    ]
+    with pytest.raises(AgentError):
+        canonical_json(value)
 
 
 json_values = st.recursive(

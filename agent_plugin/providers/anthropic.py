@@ -10,11 +10,9 @@ Three pure pieces do the wire translation and are tested against recorded traffi
 from __future__ import annotations
 
 import contextlib
-import copy
-import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import httpx
 from pydantic import ValidationError
@@ -47,9 +45,18 @@ from agent_plugin.providers.base import (
     ThinkingDelta,
     ToolCallArgumentsDelta,
     ToolCallStarted,
+    merge_extra_body,
 )
-from agent_plugin.providers.http import HttpTransport, SseEvent, redact
+from agent_plugin.providers.http import (
+    HttpTransport,
+    SseEvent,
+    _model_ids,
+    json_text,
+    loads,
+    require_key,
+)
 from agent_plugin.providers.retry import RetryPolicy
+from agent_plugin.redaction import REDACTED
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicClient", "parse_response"]
 
@@ -99,7 +106,8 @@ class AnthropicClient:
     ``prompt_caching`` (overridable per request) marks three of Anthropic's four cache
     breakpoints: the system text, the last tool definition and the last block of the last
     message [AP-13]. The key goes out in ``x-api-key`` only and never appears in ``repr`` or in an
-    error.
+    error; it is required for ``api.anthropic.com`` (a Config error otherwise), not for other
+    base URLs (a proxy, a test server).
     """
 
     def __init__(
@@ -113,19 +121,20 @@ class AnthropicClient:
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen value object
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        require_key(PROVIDER, base_url, api_key)
         self.model = model
         self.prompt_caching = prompt_caching
-        self._api_key = api_key
+        self._api_key = api_key or None
         headers = {"anthropic-version": ANTHROPIC_VERSION}
-        if api_key:
-            headers["x-api-key"] = api_key
+        if self._api_key:
+            headers["x-api-key"] = self._api_key
         self._http = HttpTransport(
             PROVIDER,
             base_url,
             headers=headers,
             timeout=timeout,
             retry=retry,
-            secret=api_key,
+            secret=self._api_key,
             transport=transport,
         )
 
@@ -138,7 +147,7 @@ class AnthropicClient:
         return self._http.base_url
 
     def __repr__(self) -> str:
-        key = "'<redacted>'" if self._api_key else "None"
+        key = repr(REDACTED) if self._api_key else "None"
         return (
             f"AnthropicClient(model={self.model!r}, base_url={self.base_url!r}, "
             f"api_key={key}, prompt_caching={self.prompt_caching!r})"
@@ -155,47 +164,50 @@ class AnthropicClient:
             deadline=request.deadline,
             on_retry=request.on_retry,
         )
-        return parse_response(data, secret=self._api_key)
+        try:
+            return parse_response(data)
+        except AgentError as error:
+            raise self._http.scrub_error(error) from None
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
-        """Send the request with ``stream: true``; yield deltas, then one :class:`StreamDone`."""
-        assembler = _StreamAssembler(secret=self._api_key)
-        events = cast(
-            AsyncGenerator[SseEvent, None],
-            self._http.post_sse(
-                MESSAGES_PATH,
-                self.build_body(request, stream=True),
-                deadline=request.deadline,
-                on_retry=request.on_retry,
-            ),
+        """Send the request with ``stream: true``; yield deltas, then one :class:`StreamDone`.
+
+        An error event inside the stream raises :class:`AgentError` after the deltas before it;
+        a stream that ends without ``message_stop`` raises a Transport error.
+        """
+        assembler = _StreamAssembler()
+        events = self._http.post_sse(
+            MESSAGES_PATH,
+            self.build_body(request, stream=True),
+            deadline=request.deadline,
+            on_retry=request.on_retry,
         )
-        async with contextlib.aclosing(events):
-            async for sse in events:
-                for event in assembler.feed(sse):
-                    yield event
-                if assembler.finished:
-                    break
-        yield StreamDone(assembler.response())
+        try:
+            # closing the event generator early releases the connection
+            async with contextlib.aclosing(events):
+                async for sse in events:
+                    for event in assembler.feed(sse):
+                        yield event
+                    if assembler.finished:
+                        break
+            response = assembler.response()
+        except AgentError as error:
+            raise self._http.scrub_error(error) from None
+        yield StreamDone(response)
 
     async def list_models(self) -> list[str]:
         """Ids from ``GET /v1/models``."""
-        data = await self._http.get_json(MODELS_PATH)
-        models = data.get("data") if isinstance(data, dict) else None
-        if not isinstance(models, list):
-            raise AgentError.decode("anthropic model list has no data array", provider=PROVIDER)
-        ids: list[str] = []
-        for entry in models:
-            model_id = entry.get("id") if isinstance(entry, dict) else None
-            if not isinstance(model_id, str):
-                raise AgentError.decode("anthropic model list entry has no id", provider=PROVIDER)
-            ids.append(model_id)
-        return ids
+        return _model_ids(await self._http.get_json(MODELS_PATH), PROVIDER)
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-        """The JSON body for ``request`` (reference §1.4). Never mutates ``request``.
+        """The JSON body for ``request`` (reference §1.4).
 
         Unsigned thinking (reasoning from another provider) and empty text parts are left out:
-        Anthropic rejects both.
+        Anthropic rejects both. ``tool_choice`` is sent only with tools (Anthropic rejects it
+        otherwise); ``request.extra_body`` is merged last by :func:`merge_extra_body` (a ``None``
+        value removes the key). Never mutates ``request``: every dict that gets a cache marker
+        is built here, while tool schemas, tool inputs and extra values are shared with the
+        request, not copied.
         """
         caching = self.prompt_caching if request.prompt_caching is None else request.prompt_caching
         messages: list[dict[str, Any]] = [
@@ -232,14 +244,14 @@ class AnthropicClient:
             body["temperature"] = request.temperature
         if request.stop:
             body["stop_sequences"] = list(request.stop)
-        if request.tool_choice is not None:
+        if tools and request.tool_choice is not None:
             body["tool_choice"] = dict(
                 _TOOL_CHOICE.get(request.tool_choice)
                 or {"type": "tool", "name": request.tool_choice}
             )
         if stream:
             body["stream"] = True
-        body.update(copy.deepcopy(request.extra_body))
+        merge_extra_body(body, request.extra_body)
         return body
 
 
@@ -251,11 +263,7 @@ def _wire_role(role: Role) -> str:
 
 
 def _tool(tool: ToolDefinition) -> dict[str, Any]:
-    return {
-        "name": tool.name,
-        "description": tool.description,
-        "input_schema": copy.deepcopy(tool.input_schema),
-    }
+    return {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema}
 
 
 def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
@@ -272,12 +280,13 @@ def _block(part: ContentPart) -> dict[str, Any] | None:
         return {"type": "text", "text": part.text} if part.text else None
     if isinstance(part, ToolCallPart):
         call = part.tool_call
+        # Anthropic takes an object only; arguments that were not one (or not JSON) go as {}
         arguments = call.arguments if call.raw_arguments is None else {}
         return {
             "type": "tool_use",
             "id": call.id,
             "name": call.name,
-            "input": copy.deepcopy(arguments) if isinstance(arguments, dict) else {},
+            "input": arguments if isinstance(arguments, dict) else {},
         }
     if isinstance(part, ToolResultPart):
         result = part.tool_result
@@ -308,7 +317,10 @@ def _image_source(image: Image) -> dict[str, str]:
 
 
 def _mark_last_block(blocks: list[dict[str, Any]]) -> None:
-    """Put the cache marker on the last block that may carry one (thinking blocks may not)."""
+    """Put the cache marker on the last block that may carry one (thinking blocks may not).
+
+    The blocks are the ones :func:`_block` just built, never the caller's objects.
+    """
     for block in reversed(blocks):
         if block["type"] not in _UNCACHEABLE:
             block["cache_control"] = dict(_EPHEMERAL)
@@ -318,7 +330,7 @@ def _mark_last_block(blocks: list[dict[str, Any]]) -> None:
 # --- response ------------------------------------------------------------------------------
 
 
-def parse_response(data: object, *, secret: str | None = None) -> ChatResponse:
+def parse_response(data: object) -> ChatResponse:
     """The reply in a ``/v1/messages`` response body.
 
     Raises only :class:`AgentError`: Decode for a body of the wrong shape, or the classified
@@ -327,7 +339,7 @@ def parse_response(data: object, *, secret: str | None = None) -> ChatResponse:
     if not isinstance(data, dict):
         raise _decode("anthropic response is not a JSON object")
     if data.get("type") == "error":
-        raise _error_from_payload(data, secret=secret)
+        raise _error_from_payload(data)
     content = data.get("content")
     if not isinstance(content, list):
         raise _decode("anthropic response has no content blocks")
@@ -343,12 +355,8 @@ def _part(block: object) -> ContentPart | None:
         return TextPart(text=_str(block, "text", ""))
     if kind == "tool_use":
         arguments = block.get("input")
-        return ToolCallPart(
-            tool_call=ToolCall(
-                id=_str(block, "id", ""),
-                name=_str(block, "name", ""),
-                arguments={} if arguments is None else arguments,
-            )
+        return _tool_call_part(
+            _str(block, "id", ""), _str(block, "name", ""), {} if arguments is None else arguments
         )
     if kind == "thinking":
         return ThinkingPart(
@@ -405,18 +413,20 @@ def _count(raw: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def _error_from_payload(payload: Mapping[str, Any], *, secret: str | None) -> AgentError:
-    """The error for an ``{"type": "error", "error": {"type", "message"}}`` envelope."""
+def _error_from_payload(payload: Mapping[str, Any]) -> AgentError:
+    """The error for an ``{"type": "error", "error": {"type", "message"}}`` envelope.
+
+    The client scrubs its key from the error (``HttpTransport.scrub_error``) before raising it.
+    """
     error = payload.get("error")
     error_type = error.get("type") if isinstance(error, dict) else None
     detail = error.get("message") if isinstance(error, dict) else None
     status = _ERROR_STATUS.get(error_type) if isinstance(error_type, str) else None
     kind = ErrorKind.PROVIDER if status is None else ErrorKind.from_http_status(status)
-    body = redact(json.dumps(payload, ensure_ascii=False, default=str), secret)[:BODY_LIMIT]
     message = f"anthropic reported {error_type if isinstance(error_type, str) else 'an error'}"
     if isinstance(detail, str) and detail:
         message += f": {detail[:BODY_LIMIT]}"
-    return AgentError(kind, redact(message, secret), provider=PROVIDER, status=status, body=body)
+    return AgentError(kind, message, provider=PROVIDER, status=status, body=json_text(payload))
 
 
 # --- streaming -----------------------------------------------------------------------------
@@ -424,9 +434,14 @@ def _error_from_payload(payload: Mapping[str, Any], *, secret: str | None) -> Ag
 
 @dataclass(slots=True)
 class _Block:
-    """One content block as it streams in: its start object plus the deltas so far."""
+    """One content block as it streams in: its start object plus the deltas so far.
+
+    ``position`` is a tool_use block's place among the reply's tool calls (the ``index`` of its
+    stream events), which is not its content-block index.
+    """
 
     start: dict[str, Any]
+    position: int = -1
     chunks: list[str] = field(default_factory=list)
     signature: list[str] = field(default_factory=list)
 
@@ -444,39 +459,34 @@ class _Block:
             thinking = _str(self.start, "thinking", "") + "".join(self.chunks)
             return ThinkingPart(thinking=Thinking(text=thinking, signature=signature))
         if self.kind == "tool_use":
-            return ToolCallPart(tool_call=self._tool_call())
+            return self._tool_call_part()
         return _part(self.start)
 
-    def _tool_call(self) -> ToolCall:
+    def _tool_call_part(self) -> ToolCallPart:
         call_id, name = _str(self.start, "id", ""), _str(self.start, "name", "")
         text = "".join(self.chunks)
         if not text.strip():
             initial = self.start.get("input")
-            return ToolCall(
-                id=call_id, name=name, arguments=initial if isinstance(initial, dict) else {}
-            )
+            return _tool_call_part(call_id, name, initial if isinstance(initial, dict) else {})
         try:
-            arguments = json.loads(text)
-        except ValueError:
-            return ToolCall(id=call_id, name=name, arguments={}, raw_arguments=text)
-        return ToolCall(id=call_id, name=name, arguments=arguments)
+            arguments = loads(text, provider=PROVIDER, what="tool_use input")
+        except AgentError:  # kept as the model wrote it; the tool round reports it
+            return _tool_call_part(call_id, name, {}, raw_arguments=text)
+        return _tool_call_part(call_id, name, arguments)
 
 
 class _StreamAssembler:
     """Folds Anthropic's stream events into deltas for the caller and the final reply."""
 
-    def __init__(self, *, secret: str | None = None) -> None:
-        self._secret = secret
+    def __init__(self) -> None:
         self._message: dict[str, Any] = {}
         self._usage: dict[str, Any] = {}
-        self._blocks: dict[int, _Block] = {}
+        self._blocks: dict[int, _Block] = {}  # by content-block index, in increasing order
+        self._tool_calls = 0
         self.finished = False
 
     def feed(self, sse: SseEvent) -> list[StreamEvent]:
-        try:
-            payload = json.loads(sse.data)
-        except ValueError:
-            raise _decode("anthropic sent a stream event that is not JSON") from None
+        payload = loads(sse.data, provider=PROVIDER, what="stream event")
         if not isinstance(payload, dict):
             raise _decode("anthropic sent a stream event that is not a JSON object")
         kind = payload.get("type")
@@ -493,7 +503,7 @@ class _StreamAssembler:
         elif kind == "message_stop":
             self.finished = True
         elif kind == "error":
-            raise _error_from_payload(payload, secret=self._secret)
+            raise _error_from_payload(payload)
         # ping, content_block_stop and event types added later carry nothing we need
         return []
 
@@ -504,11 +514,7 @@ class _StreamAssembler:
                 "anthropic stream ended early (no message_stop)",
                 provider=PROVIDER,
             )
-        parts = [
-            part
-            for _, block in sorted(self._blocks.items())
-            if (part := block.to_part()) is not None
-        ]
+        parts = [part for block in self._blocks.values() if (part := block.to_part()) is not None]
         return _response({**self._message, "usage": self._usage}, parts)
 
     def _start_message(self, payload: Mapping[str, Any]) -> None:
@@ -527,6 +533,9 @@ class _StreamAssembler:
         start = payload.get("content_block")
         if not isinstance(start, dict):
             raise _decode("anthropic content_block_start has no content_block")
+        if self._blocks and index <= next(reversed(self._blocks)):
+            # blocks start in index order, each once; anything else would scramble the reply
+            raise _decode(f"anthropic started block {index} after a block at or above it")
         block = _Block(start)
         self._blocks[index] = block
         if block.kind == "text" and (text := _str(start, "text", "")):
@@ -534,7 +543,9 @@ class _StreamAssembler:
         if block.kind == "thinking" and (thinking := _str(start, "thinking", "")):
             return [ThinkingDelta(thinking)]
         if block.kind == "tool_use":
-            return [ToolCallStarted(index, _str(start, "id", ""), _str(start, "name", ""))]
+            block.position = self._tool_calls
+            self._tool_calls += 1
+            return [ToolCallStarted(block.position, _str(start, "id", ""), _str(start, "name", ""))]
         return []
 
     def _delta(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
@@ -554,7 +565,7 @@ class _StreamAssembler:
             return [ThinkingDelta(text)] if text else []
         if kind == "input_json_delta":
             text = _delta_text(block, delta, "tool_use", "partial_json")
-            return [ToolCallArgumentsDelta(index, text)] if text else []
+            return [ToolCallArgumentsDelta(block.position, text)] if text else []
         if kind == "signature_delta":
             if block.kind != "thinking":
                 raise _decode("anthropic sent a signature_delta outside a thinking block")
@@ -595,6 +606,19 @@ def _delta_text(block: _Block, delta: Mapping[str, Any], block_kind: str, key: s
 
 def _decode(message: str) -> AgentError:
     return AgentError.decode(message, provider=PROVIDER)
+
+
+def _tool_call_part(
+    call_id: str, name: str, arguments: object, *, raw_arguments: str | None = None
+) -> ToolCallPart:
+    """A tool-call part; arguments the message model refuses (say, nested too deep) are Decode."""
+    try:
+        call = ToolCall(id=call_id, name=name, arguments=arguments, raw_arguments=raw_arguments)
+    except ValidationError as exc:
+        raise _decode(
+            f"anthropic tool_use input is not a JSON value: {exc}"[: BODY_LIMIT * 2]
+        ) from None
+    return ToolCallPart(tool_call=call)
 
 
 def _index(payload: Mapping[str, Any]) -> int:

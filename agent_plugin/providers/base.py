@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -30,6 +30,7 @@ __all__ = [
     "ThinkingDelta",
     "ToolCallArgumentsDelta",
     "ToolCallStarted",
+    "merge_extra_body",
 ]
 
 
@@ -40,11 +41,13 @@ class ChatRequest:
     Everything the loop controls lives here, so it never touches wire code: the per-call output
     cap, temperature, tool choice (``"auto"``, ``"none"``, ``"required"`` or a tool's name),
     stop sequences, the model, prompt caching, and provider-specific body fields.
-    ``deadline`` (event-loop time) and ``on_retry`` bound and report the client's retries.
+    ``extra_body`` is merged into the wire body last (see :func:`merge_extra_body`): its values
+    win, and a ``None`` value removes the key. ``deadline`` (event-loop time) and ``on_retry``
+    bound and report the client's retries.
     """
 
     messages: list[ChatMessage]
-    tools: list[ToolDefinition] = field(default_factory=list)
+    tools: Sequence[ToolDefinition] = ()
     max_tokens: int | None = None
     temperature: float | None = None
     tool_choice: str | None = None
@@ -77,18 +80,42 @@ class ChatResponse(BaseModel):
         return tool_calls_of(self.content)
 
 
+def merge_extra_body(body: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    """Merge a request's ``extra_body`` into a wire ``body``, in place.
+
+    Each value replaces the body's; a ``None`` value removes the key instead (for example
+    ``{"max_tokens": None, "max_completion_tokens": 500}`` for OpenAI's reasoning models, which
+    refuse ``max_tokens``). Values are not copied: the body shares them with the request.
+    """
+    for key, value in extra.items():
+        if value is None:
+            body.pop(key, None)
+        else:
+            body[key] = value
+
+
 @dataclass(frozen=True, slots=True)
 class TextDelta:
+    """A piece of the reply's text."""
+
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class ThinkingDelta:
+    """A piece of the model's reasoning."""
+
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCallStarted:
+    """A tool call begins. Always comes before the argument fragments of the same call.
+
+    ``index`` is the 0-based position of the call among this reply's tool calls, whatever the
+    provider numbers on the wire (so ``StreamDone.response.tool_calls[index]`` is this call).
+    """
+
     index: int
     id: str
     name: str
@@ -96,6 +123,8 @@ class ToolCallStarted:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallArgumentsDelta:
+    """A fragment of a tool call's JSON arguments; ``index`` as in :class:`ToolCallStarted`."""
+
     index: int
     fragment: str
 

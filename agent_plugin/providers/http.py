@@ -1,4 +1,9 @@
-"""HTTP plumbing shared by the wire clients: one pooled httpx client, errors, SSE, retries."""
+"""HTTP plumbing shared by the wire clients: one pooled httpx client, errors, SSE, retries.
+
+Also the small pieces both wire clients need in the same form: :func:`loads` (JSON text to a
+value, or a Decode error), :func:`json_text`, :func:`needs_api_key` / :func:`require_key` and
+:func:`_model_ids`.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +12,83 @@ import json
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import httpx
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_after, retry_call
+from agent_plugin.redaction import REDACTED, scrub
 
-__all__ = ["HttpTransport", "SseEvent", "iter_sse", "redact"]
+__all__ = [
+    "HttpTransport",
+    "SseEvent",
+    "iter_sse",
+    "json_text",
+    "loads",
+    "needs_api_key",
+    "require_key",
+]
 
-REDACTED = "<redacted>"
+_JSON_ERRORS: Final = (ValueError, RecursionError)  # RecursionError: absurdly deep nesting
+
+# Hosts that never answer without a key (SPEC §0); other base URLs (Ollama, vLLM, a proxy, a test
+# server) may need none.
+_KEYED_HOSTS: Final = frozenset({"api.openai.com", "api.anthropic.com"})
 
 
-def redact(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` replaced."""
-    if secret and secret in text:
-        return text.replace(secret, REDACTED)
-    return text
+def loads(text: str | bytes, *, provider: str, what: str) -> Any:
+    """The JSON value in ``text``; a Decode error naming ``what`` when it is not JSON.
+
+    Nesting too deep for the parser counts as not JSON (it raises RecursionError, which must not
+    escape a client).
+    """
+    try:
+        return json.loads(text)
+    except _JSON_ERRORS:
+        raise AgentError.decode(f"{provider} {what} is not JSON", provider=provider) from None
+
+
+def json_text(value: object) -> str:
+    """``value`` as JSON text for an error body (``repr`` when it cannot be encoded)."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, *_JSON_ERRORS):
+        return repr(value)
+
+
+def needs_api_key(base_url: str) -> bool:
+    """Whether ``base_url`` is a public OpenAI or Anthropic host, which refuses keyless calls."""
+    return _host(base_url) in _KEYED_HOSTS
+
+
+def require_key(provider: str, base_url: str, api_key: str | None) -> None:
+    """Raise a Config error naming ``AGENT_API_KEY`` when :func:`needs_api_key` and no key."""
+    if not api_key and needs_api_key(base_url):
+        raise AgentError.config(
+            f"{provider} at {_host(base_url)} needs an API key: set AGENT_API_KEY (or pass api_key)"
+        )
+
+
+def _host(base_url: str) -> str:
+    try:
+        return httpx.URL(base_url).host.lower()
+    except httpx.InvalidURL:
+        return ""  # not judged here; the first request reports the bad URL
+
+
+def _model_ids(data: object, provider: str) -> list[str]:
+    """The ids in a model list ``{"data": [{"id": ...}, ...]}`` (OpenAI's and Anthropic's shape)."""
+    items = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise AgentError.decode(f"{provider} model list has no data array", provider=provider)
+    ids: list[str] = []
+    for item in items:
+        model_id = item.get("id") if isinstance(item, dict) else None
+        if not isinstance(model_id, str):
+            raise AgentError.decode(f"{provider} model list entry has no id", provider=provider)
+        ids.append(model_id)
+    return ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +131,46 @@ async def iter_sse(lines: AsyncIterator[str]) -> AsyncGenerator[SseEvent, None]:
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
+class _LineSplitter:
+    """Splits text fed in pieces into lines at CRLF, LF or CR; drops one leading BOM.
+
+    Each piece is scanned once, so a long line arriving in many small pieces costs linear time.
+    A line ending in CR is passed on at once; an LF at the start of the next piece then belongs to
+    that CR and is skipped.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[str] = []  # pieces of the unfinished line, no line end among them
+        self._after_cr = False
+        self._started = False
+
+    def feed(self, text: str) -> list[str]:
+        if not text:
+            return []
+        if not self._started:
+            self._started = True
+            text = text.removeprefix("\ufeff")
+        if self._after_cr and text.startswith("\n"):
+            text = text[1:]
+        self._after_cr = text.endswith("\r")
+        lines: list[str] = []
+        start = 0
+        for match in _LINE_END.finditer(text):
+            self._pending.append(text[start : match.start()])
+            lines.append("".join(self._pending))
+            self._pending.clear()
+            start = match.end()
+        if start < len(text):
+            self._pending.append(text[start:])
+        return lines
+
+    def close(self) -> list[str]:
+        """The unfinished last line, if it has any text."""
+        rest = "".join(self._pending)
+        self._pending.clear()
+        return [rest] if rest else []
+
+
 async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
     """The lines of an event stream: UTF-8, split at CRLF, LF or CR only, one leading BOM dropped.
 
@@ -73,27 +178,11 @@ async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
     appear raw inside a JSON string in a ``data:`` line.)
     """
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    buffer = ""
-    started = False
+    splitter = _LineSplitter()
     async for chunk in chunks:
-        buffer += decoder.decode(chunk)
-        if not started and buffer:
-            started = True
-            buffer = buffer.removeprefix("\ufeff")
-        start = 0
-        for match in _LINE_END.finditer(buffer):
-            if match.end() == len(buffer) and match.group() == "\r":
-                break  # a "\n" may follow in the next chunk
-            yield buffer[start : match.start()]
-            start = match.end()
-        buffer = buffer[start:]
-    buffer += decoder.decode(b"", final=True)
-    if not started:
-        buffer = buffer.removeprefix("\ufeff")
-    lines = _LINE_END.split(buffer)
-    if lines[-1] == "":
-        lines.pop()
-    for line in lines:
+        for line in splitter.feed(decoder.decode(chunk)):
+            yield line
+    for line in [*splitter.feed(decoder.decode(b"", final=True)), *splitter.close()]:
         yield line
 
 
@@ -103,7 +192,9 @@ class HttpTransport:
     Every failure leaves as an :class:`AgentError`: a non-2xx status is classified by
     :meth:`ErrorKind.from_http_status` with the provider's name, the status, ``Retry-After`` and
     at most 500 characters of the body; timeouts and connection failures are Transport; a body
-    that is not JSON is Decode. ``secret`` is scrubbed from every message.
+    that is not JSON is Decode. The transport owns the provider's ``secret`` (the API key): it is
+    scrubbed from every error made here, and :meth:`scrub_error` does the same for the errors a
+    client finds inside a successful answer.
     """
 
     def __init__(
@@ -177,7 +268,7 @@ class HttpTransport:
         *,
         deadline: float | None = None,
         on_retry: Callable[[RetryNotice], None] | None = None,
-    ) -> AsyncIterator[SseEvent]:
+    ) -> AsyncGenerator[SseEvent, None]:
         """Server-sent events of a streaming POST.
 
         Opening the stream and reading its first event are retried like any call (a stream
@@ -220,18 +311,18 @@ class HttpTransport:
         except httpx.HTTPError as exc:
             raise self._transport_error(exc) from None
         if not response.is_success:
-            raise self.status_error(response.status_code, response.text, response.headers)
+            raise self._status_error(response.status_code, response.text, response.headers)
         try:
             return json.loads(response.content)
-        except (ValueError, RecursionError) as exc:
-            snippet = redact(response.text.strip(), self._secret)[:BODY_LIMIT]
+        except _JSON_ERRORS as exc:
+            text = scrub(response.text.strip(), self._secret)
             raise AgentError(
                 ErrorKind.DECODE,
                 f"{self.provider} answered {response.status_code} with a body that is not JSON"
-                f" ({exc}): {snippet}",
+                f" ({exc}): {text[:BODY_LIMIT]}",
                 provider=self.provider,
                 status=response.status_code,
-                body=snippet,
+                body=text,
             ) from None
 
     async def _open_stream(self, path: str, content: bytes) -> _OpenStream:
@@ -250,7 +341,7 @@ class HttpTransport:
                 raise self._transport_error(exc) from None
             finally:
                 await response.aclose()
-            raise self.status_error(response.status_code, text, response.headers)
+            raise self._status_error(response.status_code, text, response.headers)
         lines = _sse_lines(response.aiter_bytes())
         events = iter_sse(lines)
         try:
@@ -263,25 +354,46 @@ class HttpTransport:
             raise
         return response, lines, events, first
 
-    def status_error(
-        self, status: int, body: str, headers: Mapping[str, str] | None = None
-    ) -> AgentError:
-        """The error for a non-2xx answer (also used for errors reported inside a stream)."""
-        body = redact(body.strip(), self._secret)[:BODY_LIMIT]
-        message = f"{self.provider} answered {status}" + (f": {body}" if body else "")
+    def scrub_error(self, error: AgentError) -> AgentError:
+        """``error`` without the secret in its message or body (servers echo keys back).
+
+        The same error when there is nothing to remove. A body cut at its length limit may end
+        in the first part of the secret; that part goes too.
+        """
+        secret = self._secret
+        if not secret:
+            return error
+        message, body = _scrub_cut(error.message, secret), error.body
+        if body is not None:
+            body = _scrub_cut(body, secret)
+        if message == error.message and body == error.body:
+            return error
+        return AgentError(
+            error.kind,
+            message,
+            provider=error.provider,
+            status=error.status,
+            retry_after=error.retry_after,
+            body=body,
+        )
+
+    def _status_error(self, status: int, body: str, headers: Mapping[str, str]) -> AgentError:
+        """The error for a non-2xx answer: "<provider> answered <status>: <≤500 chars of body>"."""
+        text = scrub(body.strip(), self._secret)
+        message = f"{self.provider} answered {status}" + (f": {text[:BODY_LIMIT]}" if text else "")
         return AgentError(
             ErrorKind.from_http_status(status),
             message,
             provider=self.provider,
             status=status,
-            retry_after=parse_retry_after(headers) if headers is not None else None,
-            body=body,
+            retry_after=parse_retry_after(headers),
+            body=text,
         )
 
     def _transport_error(self, exc: httpx.HTTPError) -> AgentError:
         kind = ErrorKind.DECODE if isinstance(exc, httpx.DecodingError) else ErrorKind.TRANSPORT
         what = type(exc).__name__
-        detail = redact(str(exc), self._secret)
+        detail = scrub(str(exc), self._secret)
         message = f"{self.provider} request failed ({what})" + (f": {detail}" if detail else "")
         return AgentError(kind, message, provider=self.provider)
 
@@ -306,6 +418,19 @@ async def _close_stream(
     await events.aclose()
     await lines.aclose()
     await response.aclose()
+
+
+# A secret cut short by a length limit leaves its first characters at the end of a text; this many
+# or more of them are scrubbed too (fewer are only the public key prefix, like "sk-ant-").
+_MIN_CUT_SECRET: Final = 8
+
+
+def _scrub_cut(text: str, secret: str) -> str:
+    text = scrub(text, secret)
+    for size in range(min(len(secret) - 1, len(text)), _MIN_CUT_SECRET - 1, -1):
+        if text.endswith(secret[:size]):
+            return text[:-size] + REDACTED
+    return text
 
 
 def _encode(body: Mapping[str, Any]) -> bytes:

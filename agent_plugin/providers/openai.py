@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import httpx
 from pydantic import ValidationError
@@ -54,9 +54,18 @@ from agent_plugin.providers.base import (
     ThinkingDelta,
     ToolCallArgumentsDelta,
     ToolCallStarted,
+    merge_extra_body,
 )
-from agent_plugin.providers.http import REDACTED, HttpTransport, SseEvent, redact
+from agent_plugin.providers.http import (
+    HttpTransport,
+    SseEvent,
+    _model_ids,
+    json_text,
+    loads,
+    require_key,
+)
 from agent_plugin.providers.retry import RetryPolicy
+from agent_plugin.redaction import REDACTED
 
 __all__ = ["PROVIDER", "OpenAICompatibleClient", "parse_response"]
 
@@ -72,9 +81,10 @@ _REASONING_KEYS: Final = ("reasoning_content", "reasoning")
 class OpenAICompatibleClient:
     """An :class:`~agent_plugin.providers.base.LlmClient` for OpenAI-compatible servers.
 
-    ``api_key`` is sent as ``Authorization: Bearer <key>`` when given (local servers usually need
-    none); it never appears in ``repr``, errors or logs. ``transport`` replaces httpx's network
-    transport (tests, proxies).
+    ``api_key`` is sent as ``Authorization: Bearer <key>`` when given; it never appears in
+    ``repr``, errors or logs. It is required for ``api.openai.com`` (a Config error otherwise);
+    local servers (Ollama, vLLM, llama.cpp) usually need none. ``transport`` replaces httpx's
+    network transport (tests, proxies).
     """
 
     def __init__(
@@ -87,6 +97,7 @@ class OpenAICompatibleClient:
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen, so sharing is safe
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        require_key(PROVIDER, base_url, api_key)
         self.model = model
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key or None
@@ -121,9 +132,9 @@ class OpenAICompatibleClient:
 
         ``tools`` and ``tool_choice`` are sent only when there are tools; ``max_tokens``,
         ``temperature`` and ``stop`` only when set; a stream asks for the usage chunk.
-        ``request.extra_body`` is merged last, and a ``None`` value there removes the key (for
-        example ``{"max_tokens": None, "max_completion_tokens": 500}`` for OpenAI's reasoning
-        models, which refuse ``max_tokens``).
+        ``request.extra_body`` is merged last by :func:`merge_extra_body` (a ``None`` value
+        removes the key). Never mutates ``request``; tool schemas and extra values are shared
+        with it, not copied.
         """
         body: dict[str, Any] = {
             "model": request.model or self.model,
@@ -141,11 +152,7 @@ class OpenAICompatibleClient:
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-        for key, value in request.extra_body.items():
-            if value is None:
-                body.pop(key, None)
-            else:
-                body[key] = value
+        merge_extra_body(body, request.extra_body)
         return body
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
@@ -159,7 +166,7 @@ class OpenAICompatibleClient:
         try:
             return parse_response(data, PROVIDER)
         except AgentError as error:
-            raise _scrubbed(error, self._api_key) from None
+            raise self._http.scrub_error(error) from None
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         """Send the request and yield deltas as they arrive, then one :class:`StreamDone`.
@@ -169,17 +176,14 @@ class OpenAICompatibleClient:
         ``[DONE]`` raises a Transport error ("stream ended early").
         """
         assembler = _StreamAssembler(PROVIDER)
-        # post_sse is an async generator; closing it early releases the connection
-        sse = cast(
-            AsyncGenerator[SseEvent, None],
-            self._http.post_sse(
-                CHAT_PATH,
-                self.build_body(request, stream=True),
-                deadline=request.deadline,
-                on_retry=request.on_retry,
-            ),
+        sse = self._http.post_sse(
+            CHAT_PATH,
+            self.build_body(request, stream=True),
+            deadline=request.deadline,
+            on_retry=request.on_retry,
         )
         try:
+            # closing the event generator early releases the connection
             async with contextlib.aclosing(sse) as events:
                 async for event in events:
                     for delta in assembler.feed(event):
@@ -196,22 +200,12 @@ class OpenAICompatibleClient:
                 yield delta
             response = assembler.response()
         except AgentError as error:
-            raise _scrubbed(error, self._api_key) from None
+            raise self._http.scrub_error(error) from None
         yield StreamDone(response)
 
     async def list_models(self) -> list[str]:
         """Model ids from ``GET {base}/models`` (``{"data": [{"id": ...}]}``)."""
-        data = await self._http.get_json(MODELS_PATH)
-        items = data.get("data") if isinstance(data, dict) else None
-        if not isinstance(items, list):
-            raise AgentError.decode(f"{PROVIDER} model list has no data array", provider=PROVIDER)
-        ids: list[str] = []
-        for item in items:
-            model_id = item.get("id") if isinstance(item, dict) else None
-            if not isinstance(model_id, str):
-                raise AgentError.decode(f"{PROVIDER} model list entry has no id", provider=PROVIDER)
-            ids.append(model_id)
-        return ids
+        return _model_ids(await self._http.get_json(MODELS_PATH), PROVIDER)
 
 
 # --- request -------------------------------------------------------------------------------
@@ -262,12 +256,12 @@ def _assistant_message(parts: list[ContentPart]) -> dict[str, Any]:
 
 
 def _wire_tool_call(call: ToolCall) -> dict[str, Any]:
+    """The call as the model made it: its raw text when that was not JSON, else its JSON value
+    (whatever kind of value it is) re-encoded."""
     if call.raw_arguments is not None:
         arguments = call.raw_arguments
-    elif isinstance(call.arguments, dict):
-        arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
     else:
-        arguments = "{}"
+        arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
     return {
         "id": call.id,
         "type": "function",
@@ -377,7 +371,7 @@ def _raise_reported_error(data: Mapping[str, Any], provider: str) -> None:
     code: object = error.get("code") if isinstance(error, dict) else None
     status = _http_status(code)
     kind = ErrorKind.PROVIDER if status is None else ErrorKind.from_http_status(status)
-    body = _json_text(error)
+    body = json_text(error)
     detail = message if isinstance(message, str) and message else body
     raise AgentError(
         kind,
@@ -394,13 +388,6 @@ def _http_status(code: object) -> int | None:
     if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599:
         return code
     return None
-
-
-def _json_text(value: object) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False)[:BODY_LIMIT]
-    except (TypeError, ValueError, RecursionError):
-        return repr(value)[:BODY_LIMIT]
 
 
 def _reasoning(message: Mapping[str, Any]) -> str:
@@ -473,8 +460,8 @@ def _function_call(call_id: str, function: Mapping[str, Any], provider: str) -> 
             arguments = None
         else:
             try:
-                arguments = json.loads(arguments)
-            except (ValueError, RecursionError):
+                arguments = loads(arguments, provider=provider, what="tool_call arguments")
+            except AgentError:  # kept as the model wrote it; the tool round reports it
                 raw, arguments = arguments, None
     try:
         return ToolCall(
@@ -537,22 +524,6 @@ def _optional_id(value: object) -> str | None:
     return None
 
 
-def _scrubbed(error: AgentError, secret: str | None) -> AgentError:
-    """``error`` with ``secret`` removed from its message and body (servers echo keys)."""
-    if not secret or (
-        secret not in error.message and (error.body is None or secret not in error.body)
-    ):
-        return error
-    return AgentError(
-        error.kind,
-        redact(error.message, secret),
-        provider=error.provider,
-        status=error.status,
-        retry_after=error.retry_after,
-        body=redact(error.body, secret) if error.body is not None else None,
-    )
-
-
 # --- streaming -----------------------------------------------------------------------------
 
 
@@ -600,10 +571,7 @@ class _StreamAssembler:
         if event.data.strip() == "[DONE]":
             self.done = True
             return []
-        try:
-            chunk = json.loads(event.data)
-        except (ValueError, RecursionError):
-            raise _decode(self.provider, "stream chunk is not JSON") from None
+        chunk = loads(event.data, provider=self.provider, what="stream chunk")
         if event.event == "error":  # an SSE error event, whatever its payload looks like
             nested = chunk.get("error") if isinstance(chunk, dict) else None
             _raise_reported_error({"error": nested or chunk or event.data}, self.provider)
@@ -721,7 +689,7 @@ class _StreamAssembler:
             fragment = arguments
         elif arguments is not None:
             call.whole = arguments
-            fragment = _json_text(arguments)
+            fragment = json_text(arguments)
         if not call.announced and (call.name or fragment):
             out.append(self._announce(call))
         if fragment:

@@ -23,8 +23,10 @@ class RetryPolicy:
     """How often and how patiently a failed call is tried again.
 
     ``max_attempts`` counts every attempt, the first included. The wait before retry ``n``
-    (0-based) is the server's ``Retry-After`` (capped at ``max_retry_after``) when it sent one,
-    else a random time in ``[0, min(base_delay * 2**n, max_delay)]``. Only retryable kinds
+    (0-based) is the server's ``Retry-After`` when it sent one, else a random time in
+    ``[0, min(base_delay * 2**n, max_delay)]``. A ``Retry-After`` longer than
+    ``max_retry_after`` is not retried at all: the error is raised at once, since asking again
+    sooner than the server said would only be refused again. Only retryable kinds
     (RateLimited, Unavailable, Transport) are retried, and never past the caller's deadline.
     """
 
@@ -45,10 +47,14 @@ class RetryPolicy:
         """A policy that makes one attempt and never retries."""
         return cls(max_attempts=1)
 
-    def wait_before(self, retry: int, error: AgentError) -> float:
-        """Seconds to wait before retry ``retry`` (0-based) after ``error``."""
-        if error.retry_after is not None and math.isfinite(error.retry_after):
-            return min(max(error.retry_after, 0.0), self.max_retry_after)
+    def wait_before(self, retry: int, error: AgentError) -> float | None:
+        """Seconds to wait before retry ``retry`` (0-based) after ``error``.
+
+        None when the server asked for a wait longer than ``max_retry_after``: do not retry.
+        """
+        retry_after = error.retry_after
+        if retry_after is not None and not math.isnan(retry_after):
+            return None if retry_after > self.max_retry_after else max(retry_after, 0.0)
         # 2**64 times any positive delay is past every sensible cap; bounding the exponent keeps
         # the float arithmetic from overflowing for huge attempt counts.
         ceiling = min(self.base_delay * 2.0 ** min(max(retry, 0), 64), self.max_delay)
@@ -82,9 +88,9 @@ async def retry_call(
 
     Only an :class:`AgentError` of a retryable kind is retried, at most until
     ``policy.max_attempts`` attempts were made; the last error is raised unchanged. When the
-    wait before the next attempt would end at or after ``deadline`` (event-loop time,
-    ``loop.time()``), the error is raised at once instead of sleeping. ``on_retry`` hears of
-    each retry before its wait.
+    server's ``Retry-After`` exceeds ``policy.max_retry_after``, or the wait before the next
+    attempt would end at or after ``deadline`` (event-loop time, ``loop.time()``), the error is
+    raised at once instead of sleeping. ``on_retry`` hears of each retry before its wait.
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -97,7 +103,7 @@ async def retry_call(
                 raise
             wait = policy.wait_before(attempt - 1, error)
             now = loop.time()
-            if deadline is not None and now + wait >= deadline:
+            if wait is None or (deadline is not None and now + wait >= deadline):
                 raise
             if on_retry is not None:
                 on_retry(RetryNotice(attempt, policy.max_attempts, wait, error, now - started))

@@ -85,16 +85,20 @@ class ScriptedModel:
         return await self._resolve(reply, request)
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        """The reply of :meth:`chat` as deltas: one per text part, a start and one fragment per
+        tool call (numbered among the tool calls), then :class:`StreamDone`."""
         response = await self.chat(request)
-        for index, part in enumerate(response.content):
+        calls = 0
+        for part in response.content:
             if isinstance(part, TextPart) and part.text:
                 yield TextDelta(part.text)
             elif isinstance(part, ToolCallPart):
                 call = part.tool_call
-                yield ToolCallStarted(index, call.id, call.name)
+                yield ToolCallStarted(calls, call.id, call.name)
                 yield ToolCallArgumentsDelta(
-                    index, call.raw_arguments or json.dumps(call.arguments, ensure_ascii=False)
+                    calls, call.raw_arguments or json.dumps(call.arguments, ensure_ascii=False)
                 )
+                calls += 1
         yield StreamDone(response)
 
     async def list_models(self) -> list[str]:

@@ -54,6 +54,7 @@ from agent_plugin.providers.base import (
     ToolCallStarted,
 )
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy
+from agent_plugin.redaction import REDACTED
 from tests.wire import fixture_names, is_stream, load, sse_body
 
 NAMES = fixture_names("anthropic")
@@ -77,6 +78,7 @@ def unreachable(request: httpx.Request) -> httpx.Response:
 
 def builder(**kwargs: Any) -> AnthropicClient:
     """A client for the pure ``build_body``; its mock transport makes it cheap to create."""
+    kwargs.setdefault("api_key", KEY)  # the public host needs one
     return AnthropicClient(transport=httpx.MockTransport(unreachable), **kwargs)
 
 
@@ -403,7 +405,9 @@ def check_stream_events(events: list[StreamEvent], response: ChatResponse) -> No
         p.thinking.text for p in response.content if isinstance(p, ThinkingPart)
     )
     started = [e for e in events if isinstance(e, ToolCallStarted)]
-    assert [(e.id, e.name) for e in started] == [(c.id, c.name) for c in response.tool_calls]
+    assert [(e.index, e.id, e.name) for e in started] == [
+        (position, c.id, c.name) for position, c in enumerate(response.tool_calls)
+    ]
     for start, call in zip(started, response.tool_calls, strict=True):
         fragments = [
             e.fragment
@@ -517,16 +521,18 @@ async def test_stream_events_arrive_in_wire_order_for_parallel_tools() -> None:
         events = await collect(client, hello())
     kinds = [type(e).__name__ for e in events]
     assert kinds[0] == "TextDelta"
-    assert events[kinds.index("ToolCallStarted")] == ToolCallStarted(
-        1, "toolu_015cUijgET79LXjgeYQerN2h", "secret_retrieval_tool"
-    )
+    # the calls sit in content blocks 1 and 2 (after the text); their events count tool calls
+    assert [e for e in events if isinstance(e, ToolCallStarted)] == [
+        ToolCallStarted(0, "toolu_015cUijgET79LXjgeYQerN2h", "secret_retrieval_tool"),
+        ToolCallStarted(1, "toolu_01XZTimPexA7h3EVKesnKt5T", "secret_retrieval_tool"),
+    ]
     fragments = {
         index: "".join(
             e.fragment for e in events if isinstance(e, ToolCallArgumentsDelta) and e.index == index
         )
-        for index in (1, 2)
+        for index in (0, 1)
     }
-    assert fragments == {1: '{"password": "mellon"}', 2: '{"password": "radiance"}'}
+    assert fragments == {0: '{"password": "mellon"}', 1: '{"password": "radiance"}'}
     # the empty first input_json_delta of each block is not passed on
     assert all(e.fragment for e in events if isinstance(e, ToolCallArgumentsDelta))
     assert isinstance(events[-1], StreamDone)
@@ -979,11 +985,13 @@ def test_caching_marker_skips_thinking_blocks_and_is_never_shared() -> None:
             "cache_control": {"type": "ephemeral"},
         },
     ]
-    # nothing in the body is shared with the request: editing it (as a hook might) is safe
+    # the markers and the dicts that carry them are the body's own: editing them leaves the
+    # request (and the next body) alone
     before = copy.deepcopy(request)
     first["messages"][1]["content"][2]["cache_control"]["ttl"] = "1h"
-    first["messages"][1]["content"][2]["input"]["city"] = "Rome"
-    first["tools"][0]["input_schema"]["properties"]["city"]["type"] = "integer"
+    first["messages"][1]["content"][2]["id"] = "changed"
+    first["tools"][0]["cache_control"]["ttl"] = "1h"
+    first["tools"][0]["name"] = "changed"
     first["tools"].append({"name": "x"})
     assert request == before
     assert client.build_body(request, stream=False) != first
@@ -1012,6 +1020,39 @@ def test_tool_choice(choice: str, wire: dict[str, str]) -> None:
         stream=False,
     )
     assert body["tool_choice"] == wire
+    # Anthropic rejects tool_choice without tools, so it is only sent with them
+    no_tools = ChatRequest(messages=[ChatMessage.user("x")], tool_choice=choice)
+    body = builder().build_body(no_tools, stream=False)
+    assert "tool_choice" not in body
+    assert body["tools"] == []
+
+
+def test_build_body_shares_schemas_and_inputs_and_marks_only_its_own_dicts() -> None:
+    """No deep copies (they dominated build_body on long transcripts), and no writes either."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tool = ToolDefinition(name="get_weather", description="Weather", input_schema=schema)
+    call = ToolCall(id="t1", name="get_weather", arguments={"city": "Oslo", "days": [1, 2]})
+    request = ChatRequest(
+        messages=[
+            ChatMessage.user("hi"),
+            ChatMessage(role=Role.ASSISTANT, content=[ToolCallPart(tool_call=call)]),
+        ],
+        tools=[tool],
+        extra_body={"metadata": {"user_id": "u1"}},
+    )
+    before = copy.deepcopy(request)
+    body = builder().build_body(request, stream=False)
+    wire_tool = body["tools"][0]
+    wire_call = body["messages"][1]["content"][0]
+    assert wire_tool["input_schema"] is tool.input_schema
+    assert wire_call["input"] is call.arguments
+    assert body["metadata"] is request.extra_body["metadata"]
+    # both got a cache marker, on dicts build_body made; the shared values have none
+    assert wire_tool["cache_control"] == wire_call["cache_control"] == {"type": "ephemeral"}
+    assert "cache_control" not in tool.input_schema
+    assert isinstance(call.arguments, dict)
+    assert "cache_control" not in call.arguments
+    assert request == before
 
 
 def test_optional_fields_only_when_set_and_extra_body_last() -> None:
@@ -1035,8 +1076,15 @@ def test_optional_fields_only_when_set_and_extra_body_last() -> None:
     assert full["stream"] is True
     assert full["thinking"] == thinking
     assert full["max_tokens"] == 5000  # extra_body is merged last
-    full["thinking"]["budget_tokens"] = 1
-    assert thinking["budget_tokens"] == 2000
+    assert full["thinking"] is thinking  # shared, not copied
+
+    # a None value removes the key, as for the OpenAI-compatible client
+    request.extra_body = {"temperature": None, "stop_sequences": None, "top_k": 5}
+    trimmed = client.build_body(request, stream=False)
+    assert "temperature" not in trimmed
+    assert "stop_sequences" not in trimmed
+    assert trimmed["top_k"] == 5
+    assert "null" not in json.dumps(trimmed)
 
 
 def test_content_blocks_keep_their_kind_and_order() -> None:
@@ -1203,9 +1251,9 @@ async def test_auth_failures_map_to_authentication_and_never_show_the_key(
             assert error.kind is kind
             assert error.status == status
             assert not error.retryable
-            text = f"{error} {error!r} {error.body} {error.to_dict()}"
+            text = f"{error} {error!r} {error.body} {error.info().model_dump_json()}"
             assert KEY not in text
-            assert "<redacted>" in text
+            assert REDACTED in text
 
 
 async def test_transport_failures_never_show_the_key() -> None:
@@ -1246,14 +1294,34 @@ async def test_list_models_rejects_other_shapes(reply: dict[str, Any]) -> None:
 async def test_repr_redacts_the_key() -> None:
     client = builder(api_key=KEY)
     assert KEY not in repr(client)
-    assert "api_key='<redacted>'" in repr(client)
+    assert "api_key='[REDACTED]'" in repr(client)
     assert KEY not in str(client)
     assert client.provider_name == "anthropic"
     assert isinstance(client, LlmClient)
     await client.aclose()
-    keyless = builder()
+    keyless = builder(api_key=None, base_url="http://127.0.0.1:9")
     assert "api_key=None" in repr(keyless)
     await keyless.aclose()
+
+
+@pytest.mark.parametrize("key", [None, ""])
+@pytest.mark.parametrize(
+    "base_url",
+    ["https://api.anthropic.com", "https://API.Anthropic.com:443/", "http://api.anthropic.com/x"],
+)
+def test_the_public_host_needs_a_key(key: str | None, base_url: str) -> None:
+    with pytest.raises(AgentError) as caught:
+        AnthropicClient(base_url=base_url, api_key=key, transport=httpx.MockTransport(unreachable))
+    assert caught.value.kind is ErrorKind.CONFIG
+    assert "AGENT_API_KEY" in caught.value.message
+    assert "api.anthropic.com" in caught.value.message
+
+
+async def test_other_hosts_need_no_key() -> None:
+    for base_url in ("http://127.0.0.1:8080", "https://proxy.example.test", "http://anthropic.com"):
+        client = builder(api_key=None, base_url=base_url)
+        assert "api_key=None" in repr(client)
+        await client.aclose()
 
 
 async def test_retries_report_notices_and_use_the_request_deadline() -> None:
@@ -1366,6 +1434,97 @@ async def test_invalid_json_in_a_stream_is_a_decode_error() -> None:
     assert caught.value.kind is ErrorKind.DECODE
 
 
+DEEP = "[" * 100_000  # json.loads raises RecursionError on this, not ValueError
+
+
+async def test_absurdly_nested_stream_event_is_a_decode_error() -> None:
+    with pytest.raises(AgentError) as caught:
+        await stream_of(sse(MESSAGE_START, TEXT_START) + f"data: {DEEP}\n\n".encode())
+    assert caught.value.kind is ErrorKind.DECODE
+    assert caught.value.provider == "anthropic"
+
+
+async def test_absurdly_nested_tool_input_is_kept_raw() -> None:
+    """Arguments that are not JSON (here: too deep to parse) stay as the model wrote them."""
+    tool_start = {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+    }
+    deep = {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "input_json_delta", "partial_json": DEEP},
+    }
+    events = await stream_of(sse(MESSAGE_START, tool_start, deep, MESSAGE_DELTA, MESSAGE_STOP))
+    [call] = done(events).tool_calls
+    assert (call.id, call.arguments, call.raw_arguments) == ("t1", {}, DEEP)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["chat", "stream"])
+async def test_tool_input_nested_too_deep_for_the_message_model_is_a_decode_error(
+    streaming: bool,
+) -> None:
+    nested = '{"a":' * 300 + "1" + "}" * 300  # valid JSON, deeper than the message model takes
+    if streaming:
+        tool_start = {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+        }
+        delta = {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": nested},
+        }
+        call = stream_of(sse(MESSAGE_START, tool_start, delta, MESSAGE_DELTA, MESSAGE_STOP))
+    else:
+        block = {"type": "tool_use", "id": "t1", "name": "f", "input": json.loads(nested)}
+        reply = {**TEXT_REPLY, "content": [block]}
+        call = chat_once(lambda request: httpx.Response(200, json=reply))
+    with pytest.raises(AgentError) as caught:
+        await call
+    assert caught.value.kind is ErrorKind.DECODE
+
+
+async def chat_once(handler: Handler) -> ChatResponse:
+    async with aclosing(client_for(handler)) as client:
+        return await client.chat(hello())
+
+
+@pytest.mark.parametrize("index", [0, 1])
+async def test_a_block_started_out_of_order_is_a_decode_error(index: int) -> None:
+    later = {"type": "content_block_start", "index": 2, "content_block": {"type": "text"}}
+    again = {"type": "content_block_start", "index": index, "content_block": {"type": "text"}}
+    with pytest.raises(AgentError) as caught:
+        await stream_of(sse(MESSAGE_START, later, again, MESSAGE_DELTA, MESSAGE_STOP))
+    assert caught.value.kind is ErrorKind.DECODE
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["chat", "stream"])
+async def test_a_key_echoed_in_a_200_error_is_scrubbed_even_where_the_body_is_cut(
+    streaming: bool,
+) -> None:
+    # the body keeps 500 characters: the echoed key starts 20 characters before that cut
+    padding = "x" * (
+        BODY_LIMIT - 20 - len('{"type": "error", "error": {"type": "api_error", "message": "')
+    )
+    echo = {"type": "error", "error": {"type": "api_error", "message": padding + KEY}}
+    assert json.dumps(echo).index(KEY) == BODY_LIMIT - 20
+    body = sse(MESSAGE_START, echo) if streaming else json.dumps(echo).encode()
+    client = client_for(lambda request: httpx.Response(200, content=body))
+    async with aclosing(client):
+        with pytest.raises(AgentError) as caught:
+            await (collect(client, hello()) if streaming else client.chat(hello()))
+    error = caught.value
+    assert (error.kind, error.status) == (ErrorKind.UNAVAILABLE, 500)
+    assert error.body is not None
+    assert error.body.endswith(REDACTED)
+    assert KEY[:8] not in error.body
+    assert error.message.endswith(REDACTED)
+    assert KEY[:8] not in error.message
+
+
 async def test_stream_assembly_details() -> None:
     """Unknown events, data-only lines, invalid tool JSON, and usage updates."""
     events = await stream_of(
@@ -1416,11 +1575,12 @@ async def test_stream_assembly_details() -> None:
     ]
     assert response.usage == TokenUsage(input_tokens=1010, output_tokens=7, cache_read_tokens=1000)
     assert response.stop_reason is StopReason.END_TURN
+    # blocks 1 and 2 are the first and second tool call: their events say 0 and 1
     assert events[:-1] == [
         TextDelta("Hel"),
-        ToolCallStarted(1, "t1", "f"),
-        ToolCallArgumentsDelta(1, '{"a": '),
-        ToolCallStarted(2, "t2", "g"),
+        ToolCallStarted(0, "t1", "f"),
+        ToolCallArgumentsDelta(0, '{"a": '),
+        ToolCallStarted(1, "t2", "g"),
     ]
 
 

@@ -53,6 +53,7 @@ from agent_plugin.providers.base import (
 )
 from agent_plugin.providers.openai import OpenAICompatibleClient, parse_response
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy
+from agent_plugin.redaction import REDACTED
 from tests.wire import fixture_names, is_stream, load, sse_body
 
 PROVIDER = "openai-compatible"
@@ -1017,6 +1018,54 @@ def test_quirk_arguments_that_are_not_json_are_kept_raw() -> None:
     assert body["messages"][0]["tool_calls"][0]["function"]["arguments"] == bad
 
 
+@pytest.mark.parametrize(
+    ("arguments", "wire"),
+    [
+        ([1, "two", None], '[1,"two",null]'),
+        ("just text", '"just text"'),
+        (42, "42"),
+        (True, "true"),
+        ({"city": "Zürich", "n": 1.5}, '{"city":"Zürich","n":1.5}'),
+    ],
+)
+def test_tool_call_arguments_of_any_json_kind_are_resent_as_the_model_gave_them(
+    arguments: JsonValue, wire: str
+) -> None:
+    """A model that answered ``[1, "two", null]`` sees exactly that in the transcript, not {}."""
+    body = body_with(
+        {
+            "tool_calls": [
+                {"id": "c1", "function": {"name": "f", "arguments": json.dumps(arguments)}}
+            ]
+        }
+    )
+    call = parse_response(body).tool_calls[0]
+    assert (call.arguments, call.raw_arguments) == (arguments, None)
+    resent = BUILDER.build_body(
+        ChatRequest(
+            messages=[ChatMessage(role=Role.ASSISTANT, content=[ToolCallPart(tool_call=call)])]
+        ),
+        stream=False,
+    )
+    assert resent["messages"][0]["tool_calls"][0]["function"]["arguments"] == wire
+
+
+DEEP = "[" * 100_000  # json.loads raises RecursionError on this, not ValueError
+
+
+def test_absurdly_nested_arguments_are_kept_raw() -> None:
+    body = body_with({"tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": DEEP}}]})
+    call = parse_response(body).tool_calls[0]
+    assert (call.arguments, call.raw_arguments) == ({}, DEEP)
+
+
+async def test_absurdly_nested_stream_chunk_is_a_decode_error() -> None:
+    with pytest.raises(AgentError) as caught:
+        await stream_bytes((chunk({"content": "a"}) + f"data: {DEEP}\n\n").encode())
+    assert caught.value.kind is ErrorKind.DECODE
+    assert caught.value.provider == PROVIDER
+
+
 @pytest.mark.parametrize("arguments", ["null", "", "  ", None])
 def test_quirk_null_or_missing_arguments_are_empty(arguments: str | None) -> None:
     function: dict[str, Any] = {"name": "f"}
@@ -1169,6 +1218,18 @@ async def test_stream_tool_call_deltas_without_index() -> None:
     ]
 
 
+async def test_stream_arguments_given_as_a_long_object_arrive_whole() -> None:
+    # TGI-style: the arguments come as an object, not text; the fragment is all of its JSON
+    arguments = {"text": "é" * 2000}
+    function = {"name": "f", "arguments": arguments}
+    body = chunk({"tool_calls": [{"index": 0, "id": "a", "function": function}]})
+    events = await stream_bytes((body + chunk({}, "tool_calls")).encode())
+    reply = check_events(events)
+    assert reply.tool_calls == [ToolCall(id="a", name="f", arguments=arguments)]
+    [fragment] = [e.fragment for e in events if isinstance(e, ToolCallArgumentsDelta)]
+    assert json.loads(fragment) == arguments
+
+
 async def test_stream_legacy_function_call() -> None:
     body = (
         chunk(
@@ -1201,7 +1262,7 @@ async def test_stream_error_event_echoing_the_key_is_scrubbed() -> None:
         await stream_bytes((body + "\n\n").encode())
     assert KEY not in caught.value.message
     assert KEY not in (caught.value.body or "")
-    assert "<redacted>" in caught.value.message
+    assert REDACTED in caught.value.message
 
 
 # --- seed cases (reference §1.4, AP-09..AP-11, AP-15, AG-23) ---------------------------------
@@ -1535,11 +1596,34 @@ async def test_list_models_bad_shapes_are_decode_errors(body: Any) -> None:
     assert caught.value.kind is ErrorKind.DECODE
 
 
+@pytest.mark.parametrize("key", [None, ""])
+@pytest.mark.parametrize(
+    "base_url",
+    ["https://api.openai.com/v1", "https://API.OPENAI.COM:443/v1/", "http://api.openai.com"],
+)
+def test_the_public_host_needs_a_key(key: str | None, base_url: str) -> None:
+    with pytest.raises(AgentError) as caught:
+        OpenAICompatibleClient(
+            base_url=base_url, api_key=key, transport=httpx.MockTransport(offline)
+        )
+    assert caught.value.kind is ErrorKind.CONFIG
+    assert "AGENT_API_KEY" in caught.value.message
+    assert "api.openai.com" in caught.value.message
+
+
+async def test_local_servers_need_no_key() -> None:
+    for base_url in ("http://localhost:11434/v1", "http://127.0.0.1:8000/v1", "https://openai.com"):
+        client, sent = capture(ok(body_with({"content": "hi"})), api_key=None, base_url=base_url)
+        assert (await client.chat(plain_request())).text == "hi"
+        await client.aclose()
+        assert "authorization" not in sent[0].headers
+
+
 def test_seed_repr_redacts_the_key() -> None:
     client = OpenAICompatibleClient(model="m", base_url="http://h/v1/", api_key=KEY)
     text = repr(client)
     assert KEY not in text
-    assert text == "OpenAICompatibleClient(model='m', base_url='http://h/v1', api_key='<redacted>')"
+    assert text == "OpenAICompatibleClient(model='m', base_url='http://h/v1', api_key='[REDACTED]')"
     assert client.provider_name == PROVIDER
     assert isinstance(client, LlmClient)
 
@@ -1561,10 +1645,10 @@ async def test_seed_key_never_appears_in_errors_even_when_echoed() -> None:
             error.body or "",
             str(error),
             repr(error),
-            str(error.to_dict()),
+            error.info().model_dump_json(),
         ):
             assert KEY not in text
-        assert "<redacted>" in error.message
+        assert REDACTED in error.message
 
 
 # --- fuzz: only AgentError ever leaves the parsers --------------------------------------------

@@ -126,7 +126,13 @@ def test_full_jitter_spreads_over_the_whole_interval() -> None:
 @given(retry_after=delays, cap=delays, retry=st.integers(min_value=0, max_value=50))
 def test_retry_after_is_honoured_up_to_the_cap(retry_after: float, cap: float, retry: int) -> None:
     policy = RetryPolicy(base_delay=0.5, max_delay=10.0, max_retry_after=cap)
-    assert policy.wait_before(retry, _unavailable(retry_after)) == min(retry_after, cap)
+    wait = policy.wait_before(retry, _unavailable(retry_after))
+    assert wait == (retry_after if retry_after <= cap else None)
+
+
+@pytest.mark.parametrize(("retry_after", "wait"), [(60.0, 60.0), (60.5, None), (math.inf, None)])
+def test_retry_after_past_the_cap_means_no_retry(retry_after: float, wait: float | None) -> None:
+    assert RetryPolicy(max_retry_after=60.0).wait_before(0, _rate_limited(retry_after)) == wait
 
 
 # --- retry_call (event-loop time is fast-forwarded by looptime) ------------------------------
@@ -228,6 +234,27 @@ async def test_retry_after_longer_than_the_time_left_raises_without_sleeping() -
     assert op.calls == 1
     assert notices == []
     assert loop.time() - start == pytest.approx(0.0)
+
+
+@pytest.mark.looptime
+async def test_retry_after_longer_than_max_retry_after_raises_at_once() -> None:
+    """Retrying sooner than the server said would only be refused again: give up at once."""
+    loop = asyncio.get_running_loop()
+    error = _rate_limited(120.0)
+    op = Flaky(error)
+    notices: list[RetryNotice] = []
+    start = loop.time()
+    with pytest.raises(AgentError) as caught:
+        await retry_call(op, RetryPolicy(max_retry_after=60.0), on_retry=notices.append)
+    assert caught.value is error
+    assert op.calls == 1
+    assert notices == []
+    assert loop.time() - start == pytest.approx(0.0)
+    # within the cap the same error is waited out and retried
+    op = Flaky(_rate_limited(60.0))
+    assert await retry_call(op, RetryPolicy(max_retry_after=60.0)) == "ok"
+    assert op.calls == 2
+    assert loop.time() - start == pytest.approx(60.0)
 
 
 @pytest.mark.looptime
@@ -344,3 +371,30 @@ async def test_sse_lines_split_only_at_cr_and_lf_wherever_the_chunks_break(
 async def test_sse_lines_of_an_empty_body_and_a_trailing_newline() -> None:
     assert [line async for line in _sse_lines(_chunks(b"", []))] == []
     assert [line async for line in _sse_lines(_chunks(b"data: x\r\n", [8]))] == ["data: x"]
+
+
+@pytest.mark.parametrize(
+    ("body", "cuts", "lines"),
+    [
+        (b"a\r", [2], ["a"]),  # a CR at the very end ends the line
+        (b"a\r\nb", [2], ["a", "b"]),  # CRLF split between chunks is one line end
+        (b"a\r\r\nb", [2, 3], ["a", "", "b"]),  # CR, then CRLF: two line ends
+        (b"a\r\n\nb", [2, 3], ["a", "", "b"]),
+        (b"\xef\xbb\xbfdata: x", [1, 2, 3], ["data: x"]),  # a BOM cut into bytes
+        (b"\xef\xbb\xbf\xef\xbb\xbfx", [3], ["\ufeffx"]),  # only one BOM is dropped
+        (b"a\r\xc3\xa9", [2, 3], ["a", "\u00e9"]),  # CR, then a character cut in two
+    ],
+)
+async def test_sse_lines_at_awkward_cuts(body: bytes, cuts: list[int], lines: list[str]) -> None:
+    assert [line async for line in _sse_lines(_chunks(body, cuts))] == lines
+
+
+async def test_a_long_line_in_small_chunks_is_split_in_linear_time() -> None:
+    # 1 MB in 1 KB chunks: rescanning what was buffered for each chunk took ~10 s here
+    line = "data: " + "x" * 1_000_000
+    data = (line + "\n\n").encode()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    lines = [item async for item in _sse_lines(_chunks(data, list(range(0, len(data), 1024))))]
+    assert loop.time() - start < 1.0
+    assert lines == [line, ""]

@@ -8,14 +8,14 @@ import json
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from typing import cast
 
 import httpx
 import pytest
 
-from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
 from agent_plugin.providers.http import HttpTransport, SseEvent
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy
+from agent_plugin.redaction import REDACTED
 from tests.httpserver import (
     Hang,
     HttpServer,
@@ -76,17 +76,17 @@ def _error(status: int, message: str = "nope") -> Reply:
     return Reply(status, {"content-type": "application/json"}, body)
 
 
-def _generator(events: AsyncIterator[SseEvent]) -> AsyncGenerator[SseEvent, None]:
+def _generator(events: AsyncGenerator[SseEvent, None]) -> AsyncGenerator[SseEvent, None]:
     assert inspect.isasyncgen(events)  # post_sse promises an async generator: it can be closed
-    return cast(AsyncGenerator[SseEvent, None], events)
+    return events
 
 
-async def _collect(events: AsyncIterator[SseEvent]) -> list[SseEvent]:
+async def _collect(events: AsyncGenerator[SseEvent, None]) -> list[SseEvent]:
     async with aclosing(_generator(events)) as stream:
         return [event async for event in stream]
 
 
-async def _read_into(seen: list[SseEvent], events: AsyncIterator[SseEvent]) -> None:
+async def _read_into(seen: list[SseEvent], events: AsyncGenerator[SseEvent, None]) -> None:
     async with aclosing(_generator(events)) as stream:
         async for event in stream:
             seen.append(event)
@@ -215,10 +215,73 @@ async def test_an_echoed_secret_is_scrubbed_from_the_error(
     error = caught.value
     assert SECRET in server.requests[0].headers["authorization"]  # it really was echoed
     assert error.kind is ErrorKind.AUTHENTICATION
-    assert error.message == f"{PROVIDER} answered 401: Incorrect API key provided: <redacted>."
-    for text in (str(error), repr(error), error.body or "", json.dumps(error.to_dict())):
+    assert error.message == f"{PROVIDER} answered 401: Incorrect API key provided: {REDACTED}."
+    for text in (str(error), repr(error), error.body or "", error.info().model_dump_json()):
         assert SECRET not in text
     assert SECRET not in repr(transport)
+
+
+def test_scrub_error_removes_the_secret_from_message_and_body() -> None:
+    transport = HttpTransport(
+        PROVIDER, "http://h", headers={}, timeout=1.0, retry=FAST, secret=SECRET
+    )
+    error = AgentError(
+        ErrorKind.PROVIDER,
+        f"{PROVIDER} reported an error: bad key {SECRET}",
+        provider=PROVIDER,
+        status=400,
+        retry_after=3.0,
+        body=f'{{"message": "bad key {SECRET}"}}',
+    )
+    scrubbed = transport.scrub_error(error)
+    assert scrubbed.message == f"{PROVIDER} reported an error: bad key {REDACTED}"
+    assert scrubbed.body == f'{{"message": "bad key {REDACTED}"}}'
+    assert (scrubbed.kind, scrubbed.provider, scrubbed.status, scrubbed.retry_after) == (
+        ErrorKind.PROVIDER,
+        PROVIDER,
+        400,
+        3.0,
+    )
+    clean = AgentError(ErrorKind.PROVIDER, "nothing secret here", body="{}")
+    assert transport.scrub_error(clean) is clean
+
+
+def test_scrub_error_removes_a_secret_cut_short_by_the_body_limit() -> None:
+    transport = HttpTransport(
+        PROVIDER, "http://h", headers={}, timeout=1.0, retry=FAST, secret=SECRET
+    )
+    body = "x" * (BODY_LIMIT - 10) + SECRET  # AgentError keeps 500 characters: 10 of the key
+    error = AgentError(ErrorKind.PROVIDER, "m", body=body)
+    assert error.body == "x" * (BODY_LIMIT - 10) + SECRET[:10]
+    assert transport.scrub_error(error).body == "x" * (BODY_LIMIT - 10) + REDACTED
+    # a few characters (the public "sk-..." prefix) are not a secret and may stay
+    short = AgentError(ErrorKind.PROVIDER, "m", body="x" * (BODY_LIMIT - 3) + SECRET)
+    assert transport.scrub_error(short) is short
+
+
+def test_without_a_secret_scrub_error_changes_nothing() -> None:
+    transport = HttpTransport(PROVIDER, "http://h", headers={}, timeout=1.0, retry=FAST)
+    error = AgentError(ErrorKind.PROVIDER, f"bad key {SECRET}")
+    assert transport.scrub_error(error) is error
+
+
+async def test_retry_after_longer_than_the_policy_allows_is_raised_at_once(
+    server: HttpServer, make_transport: MakeTransport
+) -> None:
+    # retrying after max_retry_after would be early: the server would only refuse again
+    server.queue(Reply(429, {"retry-after": "120"}, "come back in two minutes"), reply_json(OK))
+    notices: list[RetryNotice] = []
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(AgentError) as caught:
+        await make_transport(RetryPolicy(max_retry_after=60.0)).post_json(
+            "/x", BODY, on_retry=notices.append
+        )
+    assert loop.time() - start < 0.5
+    assert (caught.value.kind, caught.value.retry_after) == (ErrorKind.RATE_LIMITED, 120.0)
+    assert notices == []
+    assert len(server.requests) == 1
+    assert server.pending == 1
 
 
 async def test_connection_reset_is_a_retried_transport_error(

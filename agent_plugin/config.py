@@ -1,0 +1,560 @@
+"""The ``[agent]`` configuration: :class:`AgentSettings`, loaded in layers, validated fail-closed.
+
+Layers, weakest first (SPEC §0, reference §1.1):
+
+1. the defaults below;
+2. the ``[agent]`` table of ``agent.toml`` (the path comes from ``AGENT_CONFIG_FILE``; a missing
+   default file means defaults, a missing file that was named explicitly is an error);
+3. the profile overlay ``agent.<AGENT_PROFILE>.toml`` beside it (named after the config file's
+   stem, so ``conf.toml`` gets ``conf.<profile>.toml``); it must exist when a profile is set;
+4. ``AGENT_*`` environment variables (a variable set to the empty string counts as unset);
+5. code overrides given to :meth:`AgentSettings.load`: every key given wins, even when its value
+   equals the default.
+
+Each layer is validated on its own, so every error names where the bad value came from (the file
+and key, the environment variable, or the code override) and what would be accepted. Every failure
+is an :class:`~agent_plugin.errors.AgentError` of kind ``config``.
+
+Secrets fail closed: the API key is read from ``AGENT_API_KEY`` only, and ``api_key`` in a file is
+an error. A Redis, database or base URL that carries a password is accepted from the environment
+or code only, never from a file, and ``repr``/``str`` of the settings hide URL passwords.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from agent_plugin.errors import AgentError
+
+__all__ = [
+    "API_KEY_ENV",
+    "CONFIG_FILE_ENV",
+    "DEFAULT_CONFIG_FILE",
+    "ENV_PREFIX",
+    "PROFILE_ENV",
+    "AgentSettings",
+    "ProviderName",
+    "mask_url",
+    "parse_provider",
+]
+
+ProviderName = Literal["openai-compatible", "anthropic", "scripted"]
+"""The canonical provider names."""
+
+ENV_PREFIX: Final = "AGENT_"
+API_KEY_ENV: Final = "AGENT_API_KEY"
+CONFIG_FILE_ENV: Final = "AGENT_CONFIG_FILE"
+PROFILE_ENV: Final = "AGENT_PROFILE"
+DEFAULT_CONFIG_FILE: Final = "agent.toml"
+TABLE: Final = "agent"
+
+_PROVIDER_SPELLINGS: Final[dict[str, ProviderName]] = {
+    "openai-compatible": "openai-compatible",
+    "openai_compatible": "openai-compatible",
+    "openai": "openai-compatible",
+    "anthropic": "anthropic",
+    "scripted": "scripted",
+}
+_ACCEPTED_PROVIDERS: Final = (
+    "openai-compatible (also openai, openai_compatible), anthropic, scripted"
+)
+
+_DEFAULT_MODEL: Final[dict[ProviderName, str]] = {
+    "openai-compatible": "gpt-4o-mini",
+    "anthropic": "claude-sonnet-4-5",
+    "scripted": "scripted",
+}
+_DEFAULT_BASE_URL: Final[dict[ProviderName, str]] = {
+    "openai-compatible": "https://api.openai.com/v1",
+    "anthropic": "https://api.anthropic.com",
+    "scripted": "",
+}
+_KEYED_HOSTS: Final = frozenset({"api.openai.com", "api.anthropic.com"})
+"""Public hosts that refuse requests without a key; other servers (Ollama, vLLM) need none."""
+
+_SECRET_URL_FIELDS: Final = ("base_url", "redis_url", "database_url")
+_INT_FIELDS: Final = frozenset({"request_timeout_secs", "max_steps", "max_tokens", "max_run_secs"})
+_BOOL_FIELDS: Final = frozenset({"prompt_caching"})
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+_PROFILE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_URL_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+_MASK: Final = "***"
+
+_ACCEPTED: Final[dict[str, str]] = {
+    "provider": _ACCEPTED_PROVIDERS,
+    "model": "a non-blank model name, or unset for the provider's default",
+    "base_url": "an http:// or https:// URL, or unset for the provider's default",
+    "request_timeout_secs": "a whole number from 1 to 3600",
+    "max_steps": "a whole number from 1 to 1000",
+    "max_tokens": "a whole number from 1000 to 1000000",
+    "system_prompt": "text",
+    "prompt_caching": "true or false",
+    "max_run_secs": "a whole number from 1 to 86400, or unset for no limit",
+    "redis_url": "a redis://, rediss:// or unix:// URL",
+    "database_url": "an SQLAlchemy URL such as sqlite+aiosqlite:///./agent.db",
+    "route_prefix": "a path that starts with '/' and does not end with '/', such as /agent",
+    "health_path": "a path that starts with '/' and does not end with '/', such as /health",
+}
+
+
+def parse_provider(text: str) -> ProviderName:
+    """The canonical provider for ``text``: trimmed, case-insensitive, with the accepted aliases.
+
+    Raises a ``config`` :class:`AgentError` that quotes ``text`` and lists the accepted names.
+    """
+    name = _provider_or_none(text)
+    if name is None:
+        raise AgentError.config(f"unknown provider {text!r}; accepted: {_ACCEPTED_PROVIDERS}")
+    return name
+
+
+def _provider_or_none(text: str) -> ProviderName | None:
+    return _PROVIDER_SPELLINGS.get(text.strip().lower())
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (``user:pass@`` or a ``password=`` query value) masked as ``***``.
+
+    Safe for logs and reprs; a string that is not a URL comes back unchanged.
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    netloc = parts.netloc
+    if password:
+        userinfo, _, host = netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        netloc = f"{user}:{_MASK}@{host}"
+    query = parts.query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if any(key.lower() == "password" for key, _ in pairs):
+        query = urlencode(
+            [(key, _MASK if key.lower() == "password" else value) for key, value in pairs],
+            safe="*",
+        )
+    if netloc == parts.netloc and query == parts.query:
+        return url
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _has_password(url: str) -> bool:
+    return mask_url(url) != url
+
+
+@dataclass(frozen=True)
+class _LoadContext:
+    """What a construction of :class:`AgentSettings` reads (set by :meth:`AgentSettings.load`)."""
+
+    environ: Mapping[str, str] | None = None
+    config_file: str | Path | None = None
+    layer_only: bool = False
+    """Validate the given values alone: no file, no environment (used to check one layer)."""
+
+
+_CONTEXT: ContextVar[_LoadContext | None] = ContextVar("agent_settings_context", default=None)
+
+
+class AgentSettings(BaseSettings):
+    """The validated ``[agent]`` settings; frozen. Build them with :meth:`load`.
+
+    The API key is deliberately not a field: read it with :meth:`api_key` or
+    :meth:`require_api_key`, which look at ``AGENT_API_KEY`` only.
+    """
+
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        validate_default=True,
+    )
+
+    provider: ProviderName = Field(
+        default="openai-compatible",
+        description="Which wire protocol to speak: openai-compatible, anthropic or scripted.",
+    )
+    model: str | None = Field(default=None, description="Model id; unset = provider default.")
+    base_url: str | None = Field(default=None, description="API base URL; unset = provider's.")
+    request_timeout_secs: int = Field(default=60, ge=1, le=3600)
+    max_steps: int = Field(default=10, ge=1, le=1000, description="Tool rounds per run.")
+    max_tokens: int = Field(default=32000, ge=1000, le=1_000_000, description="Tokens per run.")
+    system_prompt: str | None = None
+    prompt_caching: bool = Field(default=True, description="Anthropic cache breakpoints.")
+    max_run_secs: int | None = Field(default=None, ge=1, le=86400, description="Wall clock.")
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    database_url: str = "sqlite+aiosqlite:///./agent.db"
+    route_prefix: str = "/agent"
+    health_path: str = "/health"
+
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _normalise_provider(cls, value: object) -> object:
+        if isinstance(value, str):
+            name = _provider_or_none(value)
+            if name is None:
+                raise ValueError(f"unknown provider {value!r}; accepted: {_ACCEPTED_PROVIDERS}")
+            return name
+        raise ValueError(f"must be a string; accepted: {_ACCEPTED_PROVIDERS}")
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value.strip()
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        parts = _split(value)
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http:// or https:// URL, got {mask_url(value)!r}")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str) -> str:
+        value = value.strip()
+        parts = _split(value)
+        if parts is None or parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(
+                f"must be a redis://, rediss:// or unix:// URL, got {mask_url(value)!r}"
+            )
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str) -> str:
+        value = value.strip()
+        if not _URL_SCHEME.match(value) or _split(value) is None:
+            raise ValueError(
+                f"must be an SQLAlchemy URL like dialect+driver://..., got {mask_url(value)!r}"
+            )
+        return value
+
+    @field_validator("route_prefix", "health_path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        if (
+            not value.startswith("/")
+            or value.endswith("/")
+            or any(ch.isspace() or ch in "?#" for ch in value)
+        ):
+            raise ValueError(
+                "must start with '/', not end with '/' and hold no spaces, '?' or '#', "
+                f"got {value!r}"
+            )
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Code (init arguments) > ``AGENT_*`` > profile overlay > ``agent.toml`` > defaults."""
+        context = _CONTEXT.get() or _LoadContext()
+        if context.layer_only:
+            return (init_settings,)
+        environ = os.environ if context.environ is None else context.environ
+        path, named_by = _config_path(environ, context.config_file)
+        sources: list[PydanticBaseSettingsSource] = [
+            init_settings,
+            _EnvSource(settings_cls, environ),
+        ]
+        profile = _profile(environ)
+        if profile is not None:
+            overlay = path.with_name(f"{path.stem}.{profile}{path.suffix}")
+            named = f"{PROFILE_ENV}={profile!r}"
+            sources.append(_TomlTableSource(settings_cls, overlay, named_by=named))
+        sources.append(_TomlTableSource(settings_cls, path, named_by=named_by))
+        return tuple(sources)
+
+    @classmethod
+    def load(
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        config_file: str | Path | None = None,
+    ) -> AgentSettings:
+        """Read the file, the profile overlay and the environment, then apply ``overrides``.
+
+        ``environ`` replaces ``os.environ`` (tests pass a dict); ``config_file`` replaces
+        ``AGENT_CONFIG_FILE``. Every key of ``overrides`` wins over the loaded value, even when
+        it equals the default. Raises a ``config`` :class:`AgentError` naming the file and key,
+        the environment variable or the override, and the accepted values.
+        """
+        values = dict(overrides or {})
+        _check_keys(
+            values,
+            lambda key: f"code override {key!r}",
+            fix=f"set {API_KEY_ENV}, or pass api_key= to create_client",
+        )
+        _validate_layer(values, lambda key: f"code override {key!r}")
+        token = _CONTEXT.set(_LoadContext(environ=environ, config_file=config_file))
+        try:
+            return cls(**values)
+        except ValidationError as error:
+            raise AgentError.config(_describe(error, lambda key: f"setting {key!r}")) from None
+        finally:
+            _CONTEXT.reset(token)
+
+    def resolved_model(self) -> str:
+        """The configured model, or the provider's default."""
+        return self.model or _DEFAULT_MODEL[self.provider]
+
+    def resolved_base_url(self) -> str:
+        """The configured base URL, or the provider's default (``""`` for ``scripted``)."""
+        if self.provider == "scripted":
+            return ""
+        return self.base_url or _DEFAULT_BASE_URL[self.provider]
+
+    def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """``AGENT_API_KEY`` from ``environ`` (default ``os.environ``), trimmed; blank is ``None``.
+
+        The key is never a field, so it stays out of ``repr`` and ``model_dump``.
+        """
+        source = os.environ if environ is None else environ
+        key = source.get(API_KEY_ENV, "").strip()
+        return key or None
+
+    def key_required(self) -> bool:
+        """Whether the provider's host refuses requests without a key (public OpenAI/Anthropic)."""
+        if self.provider == "scripted":
+            return False
+        parts = _split(self.resolved_base_url())
+        return parts is not None and parts.hostname in _KEYED_HOSTS
+
+    def require_api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The API key, or a ``config`` error when the public OpenAI/Anthropic host needs one.
+
+        Other base URLs (Ollama, vLLM, llama.cpp) and the scripted provider may run without one,
+        so ``None`` is returned for them when ``AGENT_API_KEY`` is unset.
+        """
+        key = self.api_key(environ)
+        if key is None and self.key_required():
+            host = _split(self.resolved_base_url())
+            raise AgentError.config(
+                f"{API_KEY_ENV} is not set; the {self.provider} provider at "
+                f"{host.hostname if host else self.resolved_base_url()} needs an API key. "
+                f"Set the environment variable {API_KEY_ENV} (the key is never read from a "
+                "file), or point base_url at a server that needs none."
+            )
+        return key
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            if name in _SECRET_URL_FIELDS and isinstance(value, str):
+                yield name, mask_url(value)
+            else:
+                yield name, value
+
+
+_FIELDS: Final = tuple(AgentSettings.model_fields)
+
+
+def _split(url: str) -> SplitResult | None:
+    """``urlsplit(url)`` with its port checked, or ``None`` when ``url`` does not parse."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError:
+        return None
+    return parts
+
+
+def _config_path(
+    environ: Mapping[str, str], config_file: str | Path | None
+) -> tuple[Path, str | None]:
+    """The config file, and who named it (a named file must exist; the default may be absent)."""
+    if config_file is not None:
+        return Path(config_file), "the config_file argument"
+    named = environ.get(CONFIG_FILE_ENV, "").strip()
+    if named:
+        return Path(named), CONFIG_FILE_ENV
+    return Path(DEFAULT_CONFIG_FILE), None
+
+
+def _profile(environ: Mapping[str, str]) -> str | None:
+    profile = environ.get(PROFILE_ENV, "").strip()
+    if not profile:
+        return None
+    if not _PROFILE_NAME.fullmatch(profile) or ".." in profile:
+        raise AgentError.config(
+            f"{PROFILE_ENV}={profile!r} is not a valid profile name; accepted: letters, digits, "
+            "'-', '_' and '.', such as prod or staging"
+        )
+    return profile
+
+
+def _check_keys(values: Mapping[str, Any], where: Callable[[str], str], *, fix: str) -> None:
+    """Refuse ``api_key`` first, then unknown keys, with a suggestion and the accepted keys."""
+    for key in values:
+        if key.replace("-", "_").lower() == "api_key":
+            raise AgentError.config(
+                f"{where(key)}: the API key is read from the environment variable {API_KEY_ENV} "
+                f"only; {fix}"
+            )
+    for key in values:
+        if key not in _FIELDS:
+            close = difflib.get_close_matches(key.replace("-", "_"), _FIELDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise AgentError.config(
+                f"{where(key)}: unknown key{hint}; accepted keys: {', '.join(_FIELDS)}"
+            )
+
+
+def _validate_layer(values: Mapping[str, Any], where: Callable[[str], str]) -> None:
+    """Validate one layer's values alone, so an error can name where they came from."""
+    token = _CONTEXT.set(_LoadContext(layer_only=True))
+    try:
+        AgentSettings.model_validate(values)
+    except ValidationError as error:
+        raise AgentError.config(_describe(error, where)) from None
+    finally:
+        _CONTEXT.reset(token)
+
+
+def _describe(error: ValidationError, where: Callable[[str], str]) -> str:
+    problems = []
+    for item in error.errors(include_url=False):
+        field = str(item["loc"][0]) if item["loc"] else "settings"
+        message = str(item["msg"]).removeprefix("Value error, ")
+        if field not in _SECRET_URL_FIELDS and ", got " not in message:
+            message += f", got {item['input']!r}"
+        accepted = _ACCEPTED.get(field)
+        already_listed = field == "provider" and "accepted:" in message
+        suffix = f" (accepted: {accepted})" if accepted and not already_listed else ""
+        problems.append(f"{where(field)}: {message}{suffix}")
+    return "; ".join(problems)
+
+
+class _TomlTableSource(PydanticBaseSettingsSource):
+    """The ``[agent]`` table of one TOML file, checked and validated on its own."""
+
+    def __init__(
+        self, settings_cls: type[BaseSettings], path: Path, *, named_by: str | None
+    ) -> None:
+        super().__init__(settings_cls)
+        self.path = path
+        self.named_by = named_by
+        """Who asked for this file; ``None`` for the default file, which may be absent."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        """Unused: :meth:`__call__` reads the whole table at once."""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        table = self._table()
+        where = self._where
+        _check_keys(table, where, fix=f"remove it from the file and set {API_KEY_ENV} instead")
+        for name in _SECRET_URL_FIELDS:
+            value = table.get(name)
+            if isinstance(value, str) and _has_password(value):
+                env = f"{ENV_PREFIX}{name.upper()}"
+                raise AgentError.config(
+                    f"{where(name)}: the URL carries a password, and secrets are accepted from "
+                    f"the environment only; set {env} instead (the file may keep a URL without "
+                    "the password)"
+                )
+        _validate_layer(table, where)
+        return table
+
+    def _where(self, key: str) -> str:
+        return f"{key!r} in [{TABLE}] of {self.path}"
+
+    def _table(self) -> dict[str, Any]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            if self.named_by is not None:
+                raise AgentError.config(
+                    f"config file {self.path} does not exist (named by {self.named_by})"
+                ) from None
+            return {}
+        except (OSError, UnicodeDecodeError) as error:
+            raise AgentError.config(f"cannot read config file {self.path}: {error}") from None
+        try:
+            document = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise AgentError.config(f"config file {self.path} is not valid TOML: {error}") from None
+        table = document.get(TABLE)
+        if table is None:
+            return {}
+        if not isinstance(table, dict):
+            raise AgentError.config(
+                f"[{TABLE}] in {self.path} must be a table, got a value of type "
+                f"{type(table).__name__} "
+                f"(write the keys under an [{TABLE}] header)"
+            )
+        return table
+
+
+class _EnvSource(PydanticBaseSettingsSource):
+    """``AGENT_<FIELD>`` variables, parsed and validated with errors that name the variable."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.environ = environ
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        """Unused: :meth:`__call__` reads every variable at once."""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name in _FIELDS:
+            variable = _variable(name)
+            raw = self.environ.get(variable)
+            if raw is None or raw == "":
+                continue
+            values[name] = _parse_env(name, variable, raw)
+        _validate_layer(values, lambda name: _variable(name))
+        return values
+
+
+def _variable(name: str) -> str:
+    return f"{ENV_PREFIX}{name.upper()}"
+
+
+def _parse_env(name: str, variable: str, raw: str) -> Any:
+    text = raw.strip()
+    if name in _INT_FIELDS:
+        if not text.isascii() or not text.isdigit():
+            raise AgentError.config(
+                f"{variable} must be a whole number, got {raw!r} (accepted: {_ACCEPTED[name]})"
+            )
+        return int(text)
+    if name in _BOOL_FIELDS:
+        word = text.lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+        raise AgentError.config(
+            f"{variable} must be a boolean, got {raw!r} (accepted: 1/true/yes/on or 0/false/no/off)"
+        )
+    return raw

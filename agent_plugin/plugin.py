@@ -1,0 +1,802 @@
+"""The FastAPI plugin: :class:`AgentPlugin`, the :data:`AgentHandle` dependency, error mapping.
+
+A few lines give an app an agent::
+
+    from agent_plugin import tool
+    from agent_plugin.plugin import AgentHandle, AgentPlugin
+
+    plugin = AgentPlugin(tools=[get_weather])
+    app = FastAPI()
+    plugin.install(app)
+
+    @app.post("/ask")
+    async def ask(prompt: str, agent: AgentHandle) -> dict[str, str]:
+        outcome = await agent.run(prompt)
+        ...
+
+**Startup** (the app's lifespan) loads the ``[agent]`` settings (``agent.toml``, the profile
+overlay, ``AGENT_*`` variables, then :meth:`AgentPlugin.configure` overrides), requires
+``AGENT_API_KEY`` for the public OpenAI and Anthropic hosts [AP-07], builds the provider client
+(unless the plugin was given a ``model``), opens the database and its stores, and publishes an
+:class:`AgentRuntime` on ``app.state.agent_runtime``. Anything wrong fails the app's startup with
+an :class:`AgentError` that names the key, variable or URL (passwords hidden). **Shutdown** closes
+the client the plugin built and disposes the database engine.
+
+**Database.** Unless both stores are given, the plugin opens ``database_url`` (a SQLite file by
+default; needs the ``storage`` extra). With ``auto_migrate`` unset the plugin migrates SQLite at
+startup and only *checks* PostgreSQL: there it fails with "run ``python -m agent_plugin
+migrate``" when the schema is not at the newest revision, because production schema changes
+belong to a deploy step, not to every replica's boot. ``auto_migrate=True``/``False`` forces
+either behaviour.
+
+**Routes** (:meth:`AgentPlugin.install`): ``GET {route_prefix}/tools`` lists the tools, behind the
+``dependencies`` given to ``install`` (your auth); the health routes of
+:mod:`agent_plugin.health` at ``health_path`` (not added when the app already has a route there:
+include ``plugin.health.check`` in yours). The layout (prefix, health path) is read from the
+settings when ``install`` runs; a settings error found then is raised at startup, so every
+configuration error surfaces in one place.
+
+**Errors.** ``install`` registers an exception handler that answers an :class:`AgentError` with
+the status of its kind [AP-08] and an RFC 9457 problem body (``application/problem+json``)::
+
+    {"type": "tag:fastapi-agent-plugin,2025:error/rate_limited", "title": "RateLimited",
+     "status": 429, "detail": "openai-compatible answered 429: ...", "kind": "rate_limited"}
+
+``type`` is a ``tag:`` URI (RFC 4151), the RFC's suggestion for problem types that are not meant
+to be dereferenced; ``kind`` repeats the kind for clients that switch on it, and ``provider`` and
+``retry_after`` appear when known (plus a ``Retry-After`` header). The detail is the error's
+message: API keys never appear in it and a provider's body is cut at 500 characters.
+
+**Lifespan order.** ``install`` wraps the app's own lifespan: the plugin starts first and stops
+last, so the app's startup and shutdown code can use the agent. An app that builds
+``FastAPI(lifespan=plugin.lifespan)`` itself may still call ``install`` for the routes: the
+plugin notices and does not start twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.params import Depends as DependsParam
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+
+from agent_plugin.agent import Agent
+from agent_plugin.config import AgentSettings
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.events import AgentEvent, RunEnded
+from agent_plugin.health import AgentHealth, health_router
+from agent_plugin.hooks import AgentHooks
+from agent_plugin.memory import DEFAULT_SCOPE, MemoryStore
+from agent_plugin.outcomes import AgentOutcome, ApprovalDecision, RunState
+from agent_plugin.policy import AllowAll, ToolPolicy
+from agent_plugin.providers.base import LlmClient
+from agent_plugin.providers.factory import create_client
+from agent_plugin.sessions import Compaction, SessionStore, resume_in_session, run_in_session
+from agent_plugin.skills import Skill, load_skills
+from agent_plugin.tools import Tool, ToolEffect, ToolRegistry
+
+if TYPE_CHECKING:
+    from agent_plugin.storage import Database
+
+__all__ = [
+    "PROBLEM_TYPE_PREFIX",
+    "AgentHandle",
+    "AgentPlugin",
+    "AgentRuntime",
+    "AgentRuntimeHandle",
+    "DisconnectPolicy",
+    "ModelFactory",
+    "ToolInfo",
+    "agent_error_handler",
+    "get_agent_handle",
+    "problem_response",
+]
+
+logger = logging.getLogger("agent_plugin")
+
+PROBLEM_TYPE_PREFIX: Final = "tag:fastapi-agent-plugin,2025:error/"
+"""The ``type`` of a problem body is this prefix plus the error's kind."""
+
+NOT_INSTALLED: Final = "agent plugin is not installed"
+
+ModelFactory: TypeAlias = Callable[[AgentSettings], LlmClient | None]
+"""Builds the model from the loaded settings; ``None`` means "build the configured provider"."""
+
+DisconnectPolicy: TypeAlias = Literal["cancel", "continue"]
+"""What a streamed run does when its client goes away: stop, or run to the end unobserved."""
+
+Configurer: TypeAlias = Callable[[AgentSettings], Mapping[str, Any]]
+
+
+# --- the runtime ----------------------------------------------------------------------------
+
+
+class AgentRuntime:
+    """What the plugin builds at startup and shares with every request: one per app.
+
+    Holds the provider client, the settings, the tools, hooks, policy, stores, skills and
+    compaction, and builds :class:`Agent` s from them with :meth:`agent`. ``delivery``,
+    ``heartbeat`` and ``followups`` are kept for the background and always-on features.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: AgentSettings,
+        client: LlmClient,
+        tools: Iterable[Tool] = (),
+        hooks: Sequence[AgentHooks] = (),
+        policy: ToolPolicy | None = None,
+        session_store: SessionStore,
+        memory_store: MemoryStore | None = None,
+        skills: Sequence[Skill] = (),
+        compaction: Compaction | None = None,
+        delivery: object | None = None,
+        heartbeat: object | None = None,
+        followups: object | None = None,
+        database: Database | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.tools = ToolRegistry(tools)
+        self.hooks = tuple(hooks)
+        self.policy: ToolPolicy = policy if policy is not None else AllowAll()
+        self.session_store = session_store
+        self.memory_store = memory_store
+        self.skills = tuple(skills)
+        self.compaction = compaction
+        self.delivery = delivery
+        self.heartbeat = heartbeat
+        self.followups = followups
+        self.database = database
+        self._owns_client = owns_client
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._default_agent: Agent | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"AgentRuntime(provider={self.settings.provider!r}, "
+            f"model={self.settings.resolved_model()!r}, tools={self.tools.names()!r})"
+        )
+
+    def agent(self, scope: str | None = None) -> Agent:
+        """An agent configured from the settings; ``scope`` picks its memory (default "agent").
+
+        ``max_steps``, ``max_tokens``, ``system_prompt`` and ``max_run_secs`` (the wall-clock
+        limit) come from the settings; tools, hooks, policy, skills and the memory store from
+        the plugin. The default scope's agent is built once and shared (agents keep no per-run
+        state); other scopes get a fresh one.
+        """
+        if scope is None or scope == DEFAULT_SCOPE:
+            if self._default_agent is None:
+                self._default_agent = self._build_agent(DEFAULT_SCOPE)
+            return self._default_agent
+        return self._build_agent(scope)
+
+    def _build_agent(self, scope: str) -> Agent:
+        settings = self.settings
+        return Agent(
+            self.client,
+            tools=self.tools,
+            system_prompt=settings.system_prompt,
+            max_steps=settings.max_steps,
+            max_tokens=settings.max_tokens,
+            hooks=self.hooks,
+            policy=self.policy,
+            max_duration=settings.max_run_secs,
+            memory=self.memory_store,
+            memory_scope=scope,
+            skills=self.skills,
+        )
+
+    def tool_names(self) -> list[str]:
+        """The names of the tools an agent of this runtime offers the model, sorted."""
+        return self.agent().tools.names()
+
+    def spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        """Run ``work`` in a task the runtime tracks and cancels at shutdown."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def aclose(self) -> None:
+        """Cancel tracked tasks, dispose the database, close the client the plugin built."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        try:
+            if self.database is not None:
+                await self.database.dispose()
+        finally:
+            if self._owns_client:
+                await self.client.aclose()
+
+
+# --- the plugin -----------------------------------------------------------------------------
+
+
+class AgentPlugin:
+    """Adds an agent to a FastAPI app: config, client, stores, routes, health, error mapping.
+
+    Everything can be given to the constructor or added with the builder methods
+    (:meth:`tool`, :meth:`tools`, :meth:`hook`, :meth:`skill`, :meth:`configure`), which return
+    the plugin so calls chain.
+
+    * ``model``: an :class:`LlmClient` to use instead of the configured provider (no API key is
+      then needed, and the plugin does not close it), or a :data:`ModelFactory` called with the
+      loaded settings (a client it returns is closed at shutdown; ``None`` falls back to the
+      configured provider).
+    * ``session_store``: default the SQL store on ``database_url``. ``memory_store``: ``None``
+      (the default) gives agents no memory, because a memory scope is shared by everyone who
+      uses it; ``"sql"`` uses the SQL store on ``database_url``; or pass any store.
+    * ``skills``: :class:`Skill` s, or a folder of ``SKILL.md`` skills read at startup.
+    * ``settings``: complete settings to use instead of reading the file and environment;
+      ``environ`` and ``config_file`` replace ``os.environ`` and ``AGENT_CONFIG_FILE``.
+    * ``auto_migrate``: see the module documentation (``None``: SQLite yes, PostgreSQL no).
+    * ``health``: the :class:`AgentHealth` component (to tune its cache and time limit).
+    * ``delivery``, ``heartbeat``, ``followups``: kept on the runtime for the always-on
+      features.
+    """
+
+    def __init__(
+        self,
+        *,
+        tools: Iterable[Tool] = (),
+        hooks: Iterable[AgentHooks] = (),
+        policy: ToolPolicy | None = None,
+        model: LlmClient | ModelFactory | None = None,
+        session_store: SessionStore | None = None,
+        memory_store: MemoryStore | Literal["sql"] | None = None,
+        skills: Iterable[Skill] | str | Path = (),
+        compaction: Compaction | None = None,
+        delivery: object | None = None,
+        heartbeat: object | None = None,
+        followups: object | None = None,
+        settings: AgentSettings | None = None,
+        environ: Mapping[str, str] | None = None,
+        config_file: str | Path | None = None,
+        auto_migrate: bool | None = None,
+        health: AgentHealth | None = None,
+    ) -> None:
+        self._tools: list[Tool] = list(tools)
+        self._hooks: list[AgentHooks] = list(hooks)
+        self.policy = policy
+        self.model = model
+        self.session_store = session_store
+        self.memory_store = memory_store
+        self._skills: list[Skill] = []
+        self._skill_folders: list[Path] = []
+        self._add_skills(skills)
+        self.compaction = compaction
+        self.delivery = delivery
+        self.heartbeat = heartbeat
+        self.followups = followups
+        self._settings = settings
+        self._environ = environ
+        self._config_file = config_file
+        self.auto_migrate = auto_migrate
+        self.health = health if health is not None else AgentHealth()
+        self._overrides: dict[str, Any] = {}
+        self._configurers: list[Configurer] = []
+        self._runtimes: weakref.WeakKeyDictionary[Any, AgentRuntime] = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        names = sorted(getattr(t, "name", "?") for t in self._tools)
+        return f"AgentPlugin(tools={names!r}, overrides={sorted(self._overrides)!r})"
+
+    # --- builder -------------------------------------------------------------------------
+
+    @property
+    def registered_tools(self) -> list[Tool]:
+        """The tools registered so far, in registration order."""
+        return list(self._tools)
+
+    @property
+    def registered_hooks(self) -> list[AgentHooks]:
+        return list(self._hooks)
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The settings overrides given to :meth:`configure` as keywords."""
+        return dict(self._overrides)
+
+    def tool(self, tool: Tool) -> AgentPlugin:
+        """Register one tool."""
+        self._tools.append(tool)
+        return self
+
+    def tools(self, tools: Iterable[Tool]) -> AgentPlugin:
+        """Register several tools."""
+        self._tools.extend(tools)
+        return self
+
+    def hook(self, hook: AgentHooks) -> AgentPlugin:
+        """Register a hook; hooks run in registration order."""
+        self._hooks.append(hook)
+        return self
+
+    def skill(self, skill: Skill | str | Path) -> AgentPlugin:
+        """Register a skill, or a folder of ``SKILL.md`` skills (read at startup)."""
+        self._add_skills([skill] if isinstance(skill, Skill) else skill)
+        return self
+
+    def configure(self, fn: Configurer | None = None, /, **overrides: Any) -> AgentPlugin:
+        """Override settings in code: the strongest layer.
+
+        ``configure(max_steps=5)`` sets values: every key given wins over the file and the
+        environment, even when it equals the default. ``configure(fn)`` calls ``fn`` with the
+        loaded settings at startup; the mapping it returns is applied the same way (and
+        validated), e.g. ``configure(lambda s: {"max_steps": s.max_steps * 2})``.
+        """
+        if fn is not None:
+            self._configurers.append(fn)
+        self._overrides.update(overrides)
+        return self
+
+    def _add_skills(self, skills: Iterable[Skill] | str | Path) -> None:
+        if isinstance(skills, str | Path):
+            self._skill_folders.append(Path(skills))
+        else:
+            self._skills.extend(skills)
+
+    # --- settings ------------------------------------------------------------------------
+
+    def load_settings(self) -> AgentSettings:
+        """The settings the plugin would start with: loaded, overridden, validated."""
+        overrides = dict(self._overrides)
+        settings = self._settings_with(overrides)
+        for configurer in self._configurers:
+            overrides.update(configurer(settings))
+            settings = self._settings_with(overrides)
+        return settings
+
+    def _settings_with(self, overrides: Mapping[str, Any]) -> AgentSettings:
+        if self._settings is None:
+            return AgentSettings.load(
+                overrides, environ=self._environ, config_file=self._config_file
+            )
+        if not overrides:
+            return self._settings
+        try:
+            return AgentSettings.model_validate({**self._settings.model_dump(), **overrides})
+        except ValidationError as error:
+            problems = "; ".join(
+                f"code override {'.'.join(str(p) for p in e['loc']) or '?'}: {e['msg']}"
+                for e in error.errors(include_url=False)
+            )
+            raise AgentError.config(problems) from None
+
+    # --- startup and shutdown ------------------------------------------------------------
+
+    async def start(self) -> AgentRuntime:
+        """Build the runtime: settings, client, database and stores. Fails with AgentError.
+
+        ``install`` and :meth:`lifespan` call this; call it yourself to use the runtime outside
+        a FastAPI app (a script, a worker), and ``await runtime.aclose()`` when done.
+        """
+        try:
+            return await self._start()
+        except AgentError as error:
+            raise AgentError(
+                error.kind,
+                f"the agent plugin could not start: {error.message}",
+                provider=error.provider,
+                status=error.status,
+            ) from error
+
+    async def _start(self) -> AgentRuntime:
+        settings = self.load_settings()
+        skills = [*self._skills]
+        for folder in self._skill_folders:
+            skills.extend(load_skills(folder))
+        client, owns_client = self._client_for(settings)
+        database: Database | None = None
+        try:
+            database = self._database_for(settings)
+            if database is not None:
+                await self._prepare(database)
+            session_store, memory_store = self._stores_for(database)
+            return AgentRuntime(
+                settings=settings,
+                client=client,
+                tools=self._tools,
+                hooks=self._hooks,
+                policy=self.policy,
+                session_store=session_store,
+                memory_store=memory_store,
+                skills=skills,
+                compaction=self.compaction,
+                delivery=self.delivery,
+                heartbeat=self.heartbeat,
+                followups=self.followups,
+                database=database,
+                owns_client=owns_client,
+            )
+        except BaseException:
+            try:
+                if database is not None:
+                    await database.dispose()
+            finally:
+                if owns_client:
+                    await client.aclose()
+            raise
+
+    def _client_for(self, settings: AgentSettings) -> tuple[LlmClient, bool]:
+        model = self.model
+        if isinstance(model, LlmClient):
+            return model, False
+        if model is not None:
+            built = model(settings)
+            if built is not None:
+                return built, True
+        api_key = settings.require_api_key(self._environ)
+        return create_client(settings, api_key=api_key), True
+
+    def _needs_database(self) -> bool:
+        return self.session_store is None or self.memory_store == "sql"
+
+    def _database_for(self, settings: AgentSettings) -> Database | None:
+        if not self._needs_database():
+            return None
+        try:
+            from agent_plugin.storage import Database
+        except ImportError as error:
+            raise AgentError.config(
+                f"the SQL stores need the storage extra ({error.name or error} is missing): "
+                "pip install 'fastapi-agent-plugin[storage]', or pass session_store= "
+                "(e.g. InMemorySessionStore()) to AgentPlugin"
+            ) from error
+        return Database(settings.database_url)
+
+    async def _prepare(self, database: Database) -> None:
+        migrate = self.auto_migrate
+        if migrate is None:
+            migrate = database.dialect == "sqlite"
+        if migrate:
+            await database.migrate()
+            return
+        await database.check()
+        current = await database.current_revision()
+        newest = _newest_revision()
+        if current != newest:
+            raise AgentError.config(
+                f"the database {database.display_url} is at migration {current or 'none'} and "
+                f"this version of the plugin needs {newest}: run `python -m agent_plugin migrate` "
+                "with AGENT_DATABASE_URL set to this database (or --database-url), or pass "
+                "auto_migrate=True to AgentPlugin"
+            )
+
+    def _stores_for(self, database: Database | None) -> tuple[SessionStore, MemoryStore | None]:
+        sessions = self.session_store
+        memory = self.memory_store
+        if database is not None:
+            from agent_plugin.storage import SqlMemoryStore, SqlSessionStore
+
+            if sessions is None:
+                sessions = SqlSessionStore(database)
+            if memory == "sql":
+                memory = SqlMemoryStore(database)
+        if sessions is None or isinstance(memory, str):  # pragma: no cover - _needs_database
+            raise AgentError.config("the SQL stores need a database")
+        return sessions, memory
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Start the runtime for ``app`` and stop it afterwards: ``FastAPI(lifespan=...)``.
+
+        Publishes the runtime on ``app.state.agent_runtime`` and to :attr:`health`. Entered
+        again for an app it already runs for (a lifespan given to ``FastAPI`` and composed by
+        ``install``), it does nothing.
+        """
+        if app in self._runtimes:
+            yield
+            return
+        runtime = await self.start()
+        self._runtimes[app] = runtime
+        app.state.agent_runtime = runtime
+        self.health.attach(runtime.client, runtime.settings.provider)
+        logger.info("agent plugin started: %r", runtime)
+        try:
+            yield
+        finally:
+            self.health.detach(runtime.client)
+            app.state.agent_runtime = None
+            del self._runtimes[app]
+            await runtime.aclose()
+            logger.info("agent plugin stopped")
+
+    def runtime(self, app: FastAPI) -> AgentRuntime | None:
+        """The runtime running for ``app``, if it started."""
+        return self._runtimes.get(app)
+
+    # --- installing ----------------------------------------------------------------------
+
+    def install(
+        self,
+        app: FastAPI,
+        *,
+        dependencies: Sequence[DependsParam] = (),
+        health_route: bool | None = None,
+    ) -> None:
+        """Add the routes, the error handler and the health route; wrap the app's lifespan.
+
+        ``dependencies`` (e.g. ``[Depends(require_user)]``) guard the agent routes; the
+        health routes stay open. ``health_route=None`` adds them unless the app already has a
+        route at the health path.
+        """
+        if getattr(app.state, "agent_plugin", None) is not None:
+            raise AgentError.config("an agent plugin is already installed in this app")
+        app.state.agent_plugin = self
+        prefix, health_path = self._layout()
+        app.add_exception_handler(AgentError, agent_error_handler)
+        app.include_router(self.router(prefix, dependencies=dependencies))
+        if health_route is None:
+            health_route = not any(
+                getattr(route, "path", None) == health_path for route in app.router.routes
+            )
+        if health_route:
+            app.include_router(health_router(self.health, health_path))
+        original = app.router.lifespan_context
+
+        @asynccontextmanager
+        async def lifespan(inner: FastAPI) -> AsyncIterator[Any]:
+            async with self.lifespan(inner), original(inner) as state:
+                yield state
+
+        app.router.lifespan_context = lifespan
+
+    def _layout(self) -> tuple[str, str]:
+        """The route prefix and health path; defaults when the settings do not load yet."""
+        try:
+            settings = self.load_settings()
+        except AgentError:  # reported at startup, where every configuration error surfaces
+            defaults = AgentSettings.model_construct()
+            return defaults.route_prefix, defaults.health_path
+        return settings.route_prefix, settings.health_path
+
+    def router(
+        self, prefix: str = "/agent", *, dependencies: Sequence[DependsParam] = ()
+    ) -> APIRouter:
+        """The agent routes under ``prefix``: ``GET {prefix}/tools``."""
+        router = APIRouter(prefix=prefix, tags=["agent"], dependencies=list(dependencies))
+
+        @router.get(
+            "/tools",
+            response_model=list[ToolInfo],
+            summary="The tools the agent offers the model",
+            responses={503: {"description": NOT_INSTALLED}},
+        )
+        async def list_agent_tools(agent: AgentHandle) -> list[ToolInfo]:
+            return [ToolInfo.of(t) for t in agent.agent().tools]
+
+        return router
+
+
+def _newest_revision() -> str | None:
+    """The head revision of the plugin's migration scripts."""
+    from alembic.script import ScriptDirectory
+
+    from agent_plugin.storage.migrations import alembic_config
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+# --- the request dependency -----------------------------------------------------------------
+
+
+class ToolInfo(BaseModel):
+    """A tool as the agent routes list it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str
+    effect: ToolEffect
+    input_schema: dict[str, JsonValue]
+
+    @classmethod
+    def of(cls, tool: Tool) -> ToolInfo:
+        return cls(
+            name=tool.name,
+            description=tool.description,
+            effect=tool.effect,
+            input_schema=tool.input_schema,
+        )
+
+
+class AgentRuntimeHandle:
+    """What :data:`AgentHandle` gives a route: the app's agent, ready to run [AP-50].
+
+    ``run`` is one task; ``chat`` continues a session (saved in the session store) and
+    ``chat_as`` does so with the memory of ``scope`` (one per user or tenant); ``resume`` and
+    ``resume_as`` continue a run paused for approval, keeping its run id and saving to its
+    session when it ran in one; ``stream`` answers with Server-Sent Events.
+    """
+
+    def __init__(self, runtime: AgentRuntime) -> None:
+        self.runtime = runtime
+
+    def __repr__(self) -> str:
+        return f"AgentRuntimeHandle({self.runtime!r})"
+
+    def agent(self, scope: str | None = None) -> Agent:
+        """The configured agent (memory ``scope``, default ``"agent"``)."""
+        return self.runtime.agent(scope)
+
+    def tool_names(self) -> list[str]:
+        return self.runtime.tool_names()
+
+    async def run(self, prompt: str, *, run_id: str | None = None) -> AgentOutcome:
+        """Run one task from scratch."""
+        return await self.agent().run(prompt, run_id=run_id)
+
+    async def chat(self, session: str, prompt: str) -> AgentOutcome:
+        """Continue ``session`` with ``prompt``; the turn is saved unless it paused."""
+        return await self.chat_as(DEFAULT_SCOPE, session, prompt)
+
+    async def chat_as(self, scope: str, session: str, prompt: str) -> AgentOutcome:
+        """:meth:`chat` with the memory of ``scope``."""
+        runtime = self.runtime
+        turn = await run_in_session(
+            runtime.agent(scope),
+            runtime.session_store,
+            session,
+            prompt,
+            compaction=runtime.compaction,
+        )
+        return turn.outcome
+
+    async def resume(
+        self, state: RunState, decisions: Iterable[ApprovalDecision] = ()
+    ) -> AgentOutcome:
+        """Continue a paused run with the reviewer's decisions."""
+        return await self.resume_as(DEFAULT_SCOPE, state, decisions)
+
+    async def resume_as(
+        self, scope: str, state: RunState, decisions: Iterable[ApprovalDecision] = ()
+    ) -> AgentOutcome:
+        """:meth:`resume` with the memory of ``scope``."""
+        agent = self.runtime.agent(scope)
+        if state.session_id is not None and state.session_version is not None:
+            turn = await resume_in_session(agent, self.runtime.session_store, state, decisions)
+            return turn.outcome
+        return (await agent.resume(state, decisions)).outcome
+
+    def stream(
+        self,
+        prompt: str,
+        *,
+        session: str | None = None,
+        scope: str | None = None,
+        on_disconnect: DisconnectPolicy = "cancel",
+    ) -> StreamingResponse:
+        """Run a task (in ``session``, if given) and stream its events as Server-Sent Events.
+
+        Each event is one SSE message: ``id`` (1, 2, ...), ``event`` (the event's ``type``) and
+        ``data`` (its JSON); the last is ``run_end``. If the run fails before it starts, one
+        ``error`` event carries the error. ``on_disconnect="cancel"`` stops the run when the
+        client goes away; ``"continue"`` lets it finish (and save its session turn).
+        """
+        agent = self.runtime.agent(scope)
+        store = self.runtime.session_store
+        compaction = self.runtime.compaction
+        queue: asyncio.Queue[AgentEvent | BaseException | None] = asyncio.Queue()
+
+        async def work() -> None:
+            if session is None:
+                await agent.run_turn([], prompt, on_event=queue.put_nowait, stream=True)
+            else:
+                await run_in_session(
+                    agent,
+                    store,
+                    session,
+                    prompt,
+                    compaction=compaction,
+                    on_event=queue.put_nowait,
+                    stream=True,
+                )
+
+        def finished(task: asyncio.Task[None]) -> None:
+            error = None if task.cancelled() else task.exception()
+            queue.put_nowait(error)
+
+        async def frames() -> AsyncIterator[str]:
+            task = self.runtime.spawn(work())
+            task.add_done_callback(finished)
+            count = 0
+            ended = False
+            try:
+                while True:
+                    item = await queue.get()
+                    if item is None or isinstance(item, BaseException):
+                        if not ended:
+                            count += 1
+                            yield _sse(count, "error", _error_data(item))
+                        return
+                    count += 1
+                    yield _sse(count, item.type, item.model_dump_json())
+                    ended = ended or isinstance(item, RunEnded)
+            finally:
+                if on_disconnect == "cancel" and not task.done():
+                    task.cancel()
+
+        return StreamingResponse(
+            frames(),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        )
+
+
+def _sse(event_id: int, event: str, data: str) -> str:
+    return f"id: {event_id}\nevent: {event}\ndata: {data}\n\n"
+
+
+def _error_data(error: BaseException | None) -> str:
+    if isinstance(error, AgentError):
+        return error.info().model_dump_json()
+    message = "the run stopped" if error is None else f"{type(error).__name__}: {error}"
+    return json.dumps({"kind": ErrorKind.INTERNAL.value, "message": message})
+
+
+def get_agent_handle(request: Request) -> AgentRuntimeHandle:
+    """The dependency behind :data:`AgentHandle`: 503 when the plugin is not running."""
+    runtime = getattr(request.app.state, "agent_runtime", None)
+    if not isinstance(runtime, AgentRuntime):
+        raise HTTPException(status_code=503, detail=NOT_INSTALLED)
+    return AgentRuntimeHandle(runtime)
+
+
+AgentHandle = Annotated[AgentRuntimeHandle, Depends(get_agent_handle)]
+"""Write ``agent: AgentHandle`` in a route's signature to get the app's agent."""
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def problem_response(error: AgentError) -> JSONResponse:
+    """An RFC 9457 problem response for ``error`` with the status of its kind [AP-08]."""
+    kind = error.kind
+    body: dict[str, Any] = {
+        "type": PROBLEM_TYPE_PREFIX + kind.value,
+        "title": kind.display_name,
+        "status": kind.http_status,
+        "detail": error.message,
+        "kind": kind.value,
+    }
+    headers: dict[str, str] = {}
+    if error.provider is not None:
+        body["provider"] = error.provider
+    if error.retry_after is not None:
+        body["retry_after"] = error.retry_after
+        headers["retry-after"] = str(max(0, math.ceil(error.retry_after)))
+    return JSONResponse(
+        body,
+        status_code=kind.http_status,
+        headers=headers,
+        media_type="application/problem+json",
+    )
+
+
+async def agent_error_handler(request: Request, error: Exception) -> Response:
+    """The exception handler :meth:`AgentPlugin.install` registers for :class:`AgentError`."""
+    if not isinstance(error, AgentError):  # pragma: no cover - registered for AgentError only
+        raise error
+    if error.kind.http_status >= 500:
+        logger.warning("%s %s failed: %s", request.method, request.url.path, error)
+    return problem_response(error)

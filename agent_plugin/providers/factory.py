@@ -1,0 +1,50 @@
+"""Build the :class:`~agent_plugin.providers.base.LlmClient` that the settings describe."""
+
+from __future__ import annotations
+
+import httpx
+
+from agent_plugin.config import AgentSettings, ProviderName, parse_provider
+from agent_plugin.providers.anthropic import AnthropicClient
+from agent_plugin.providers.base import LlmClient
+from agent_plugin.providers.openai import OpenAICompatibleClient
+from agent_plugin.providers.scripted import ScriptedModel
+
+__all__ = ["ProviderName", "create_client", "parse_provider"]
+
+
+def create_client(
+    settings: AgentSettings,
+    *,
+    api_key: str | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> LlmClient:
+    """The client for ``settings.provider`` with the resolved model, base URL and timeout.
+
+    ``api_key`` is passed as given (the plugin passes ``settings.require_api_key()``, which reads
+    ``AGENT_API_KEY``); ``transport`` replaces httpx's network transport (tests, proxies). The
+    ``scripted`` provider gives a :class:`ScriptedModel` that answers ``"default"``; an app that
+    wants a script hands its own model to the plugin instead.
+    """
+    model = settings.resolved_model()
+    timeout = float(settings.request_timeout_secs)
+    match settings.provider:
+        case "openai-compatible":
+            return OpenAICompatibleClient(
+                model=model,
+                base_url=settings.resolved_base_url(),
+                api_key=api_key,
+                timeout=timeout,
+                transport=transport,
+            )
+        case "anthropic":
+            return AnthropicClient(
+                model=model,
+                base_url=settings.resolved_base_url(),
+                api_key=api_key,
+                timeout=timeout,
+                prompt_caching=settings.prompt_caching,
+                transport=transport,
+            )
+        case "scripted":
+            return ScriptedModel(models=(model,))

@@ -1,0 +1,238 @@
+"""One database connection for the plugin's stores: an async engine plus its session factory.
+
+``Database(url)`` accepts SQLite (``sqlite+aiosqlite:///path/agent.db``, the embedded default) and
+PostgreSQL (``postgresql+asyncpg://user@host/db``); the plain ``sqlite://``, ``postgresql://`` and
+``postgres://`` forms are given their async driver. Whatever goes wrong in the driver (an
+unreachable server, a bad URL, a missing driver) surfaces as an :class:`AgentError` whose message
+names the URL with its password hidden.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from agent_plugin.errors import AgentError, ErrorKind
+
+__all__ = ["DEFAULT_DATABASE_URL", "Database", "hide_password"]
+
+DEFAULT_DATABASE_URL: Final = "sqlite+aiosqlite:///agent.db"
+"""The embedded default: a SQLite file in the working directory."""
+
+_ASYNC_DRIVERS: Final = {
+    "sqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+}
+_EXTRAS: Final = {"aiosqlite": "storage", "asyncpg": "postgres"}
+_WRITE_OPTION: Final = "agent_plugin_write"
+_SQLITE_BUSY_TIMEOUT_S: Final = 30.0
+
+
+def hide_password(url: str | URL) -> str:
+    """The URL as text with its password replaced by ``***`` (the text as given if unparsable)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except exc.ArgumentError:
+        return "<unparsable database URL>"
+
+
+class Database:
+    """An async SQLAlchemy engine and session factory for one database URL.
+
+    Create one per application, share it between stores, and :meth:`dispose` it on shutdown.
+    Stores open short transactions through :meth:`read` and :meth:`write`; on SQLite a write
+    transaction takes the write lock up front (``BEGIN IMMEDIATE``) so two writers queue instead
+    of failing halfway.
+    """
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        echo: bool = False,
+        connect_args: dict[str, Any] | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.url = _async_url(url)
+        self.display_url = self.url.render_as_string(hide_password=True)
+        self._password = self.url.password if isinstance(self.url.password, str) else None
+        args = dict(connect_args or {})
+        backend = self.url.get_backend_name()
+        if backend == "postgresql":
+            args.setdefault("timeout", connect_timeout)
+        elif backend == "sqlite":
+            args.setdefault("timeout", _SQLITE_BUSY_TIMEOUT_S)
+        else:
+            raise AgentError.config(
+                f"unsupported database {self.display_url}: use sqlite+aiosqlite:// or "
+                "postgresql+asyncpg://"
+            )
+        with self.errors("open"):
+            try:
+                self.engine: AsyncEngine = _create_async_engine(
+                    self.url, echo=echo, connect_args=args, pool_pre_ping=backend != "sqlite"
+                )
+            except (exc.NoSuchModuleError, ImportError, exc.InvalidRequestError) as error:
+                driver = self.url.get_driver_name()
+                extra = _EXTRAS.get(driver)
+                hint = f" (install fastapi-agent-plugin[{extra}])" if extra else ""
+                raise AgentError.config(
+                    f"cannot use database {self.display_url}: driver {driver!r} is not "
+                    f"available{hint}"
+                ) from error
+        if backend == "sqlite":
+            _configure_sqlite(self.engine)
+        self.sessionmaker: async_sessionmaker[AsyncSession] = async_sessionmaker(
+            self.engine, expire_on_commit=False
+        )
+
+    def __repr__(self) -> str:
+        return f"Database({self.display_url!r})"
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self.url.get_backend_name()
+
+    # --- transactions ----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in a read transaction; driver errors become :class:`AgentError`."""
+        with self.errors("read from"):
+            async with self.engine.connect() as conn, conn.begin():
+                yield conn
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in a write transaction, committed when the block ends without error."""
+        with self.errors("write to"):
+            async with self.engine.connect() as conn:
+                await conn.execution_options(**{_WRITE_OPTION: True})
+                async with conn.begin():
+                    yield conn
+
+    @contextmanager
+    def errors(self, action: str) -> Iterator[None]:
+        """Turn driver and connection errors into :class:`AgentError` naming the hidden URL.
+
+        :class:`AgentError` and :class:`sqlalchemy.exc.IntegrityError` pass through unchanged:
+        the stores decide what a constraint violation means.
+        """
+        try:
+            yield
+        except (AgentError, exc.IntegrityError):
+            raise
+        except exc.ArgumentError as error:
+            raise AgentError.config(
+                f"bad database URL {self.display_url}: {self._scrub(error)}"
+            ) from error
+        except (exc.DBAPIError, OSError, TimeoutError, sqlite3.Error) as error:
+            raise AgentError(
+                ErrorKind.UNAVAILABLE,
+                f"cannot {action} database {self.display_url}: {self._scrub(error)}",
+            ) from error
+
+    def _scrub(self, error: BaseException) -> str:
+        text = str(getattr(error, "orig", None) or error).strip().splitlines()
+        message = text[0] if text else type(error).__name__
+        if self._password:
+            message = message.replace(self._password, "***")
+        return message
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        """Run ``SELECT 1``; raise a clear ``Config`` or ``Unavailable`` error if that fails."""
+        if self.dialect == "sqlite":
+            path = sqlite_path(self.url)
+            if path is not None and not path.parent.is_dir():
+                raise AgentError.config(
+                    f"cannot open database {self.display_url}: folder {path.parent} does not exist"
+                )
+        async with self.read() as conn:
+            await conn.execute(sa.text("SELECT 1"))
+
+    async def migrate(self, revision: str = "head") -> None:
+        """Upgrade the plugin's tables to ``revision`` (default: the newest)."""
+        from agent_plugin.storage.migrations import run_migrations
+
+        await self.check()
+        async with self.write() as conn:
+            await conn.run_sync(run_migrations, "upgrade", revision)
+
+    async def downgrade(self, revision: str = "base") -> None:
+        """Downgrade the plugin's tables to ``revision`` (default: none left)."""
+        from agent_plugin.storage.migrations import run_migrations
+
+        await self.check()
+        async with self.write() as conn:
+            await conn.run_sync(run_migrations, "downgrade", revision)
+
+    async def current_revision(self) -> str | None:
+        """The migration revision the database is at, or ``None`` before the first one."""
+        from agent_plugin.storage.migrations import current_revision
+
+        async with self.read() as conn:
+            return await conn.run_sync(current_revision)
+
+    async def dispose(self) -> None:
+        """Close every pooled connection."""
+        await self.engine.dispose()
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.dispose()
+
+
+def sqlite_path(url: URL) -> Path | None:
+    """The file a SQLite URL points to, or ``None`` for an in-memory database."""
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _async_url(url: str | URL) -> URL:
+    try:
+        parsed = make_url(url)
+    except exc.ArgumentError as error:
+        raise AgentError.config(
+            f"bad database URL {hide_password(url)}: expected something like "
+            "sqlite+aiosqlite:///agent.db or postgresql+asyncpg://user@host/db"
+        ) from error
+    driver = _ASYNC_DRIVERS.get(parsed.drivername)
+    return parsed.set(drivername=driver) if driver else parsed
+
+
+def _configure_sqlite(engine: AsyncEngine) -> None:
+    """Foreign keys, WAL, and transactions that SQLAlchemy (not the driver) begins."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
+        # Let SQLAlchemy emit BEGIN itself (see _on_begin) instead of the driver's implicit one.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        write = conn.get_execution_options().get(_WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")

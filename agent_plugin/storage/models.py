@@ -1,0 +1,216 @@
+"""The plugin's tables, as SQLAlchemy 2 typed declarative models.
+
+Every table name starts with ``agent_`` so the plugin's tables sit beside an application's own
+in one database. Columns are portable between SQLite and PostgreSQL: JSON is ``JSON`` (``JSONB``
+on PostgreSQL) and timestamps are timezone-aware UTC on both (SQLite stores them naive; they come
+back as UTC). The Alembic migrations in ``migrations/`` create exactly these tables; a test
+compares the two.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = [
+    "RUN_STATUSES",
+    "Base",
+    "MemoryBlockRow",
+    "MemoryEditRow",
+    "RunCheckpointRow",
+    "RunRow",
+    "SessionEntryRow",
+    "SessionRow",
+    "UtcDateTime",
+    "utcnow",
+]
+
+RUN_STATUSES: Final = (
+    "queued",
+    "in_progress",
+    "awaiting_approval",
+    "complete",
+    "failed",
+    "cancelled",
+)
+"""The states a background run record moves through."""
+
+CHECKPOINT_KINDS: Final = ("model_reply", "tool_result")
+
+NAMING_CONVENTION: Final = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+"""Deterministic constraint names, so migrations can name (and drop) what they create."""
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware, in UTC."""
+    return datetime.now(UTC)
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend.
+
+    PostgreSQL keeps the offset (``timestamptz``); SQLite has no time zones, so values are stored
+    as naive UTC and given back their UTC zone when read.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("timestamps stored by the agent plugin must be timezone-aware")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JSON_TYPE: Final = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+"""JSON everywhere, ``JSONB`` on PostgreSQL."""
+
+
+class Base(DeclarativeBase):
+    """The declarative base of the plugin's tables; ``Base.metadata`` is Alembic's target."""
+
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute as-is
+        datetime: UtcDateTime(),
+        dict[str, Any]: JSON_TYPE,
+        list[Any]: JSON_TYPE,
+    }
+
+
+# --- sessions ------------------------------------------------------------------------------
+
+
+class SessionRow(Base):
+    """One conversation. ``version`` is the seq of its last entry (0: none) and guards appends."""
+
+    __tablename__ = "agent_sessions"
+
+    id: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    version: Mapped[int] = mapped_column(sa.Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SessionEntryRow(Base):
+    """One append-only entry of a session: a message or a compaction, numbered 1, 2, 3, ...
+
+    ``payload`` is the entry's JSON without ``kind`` and ``seq`` (those are columns): a message
+    entry's payload is the message itself. The primary key ``(session_id, seq)`` is what makes
+    two concurrent writers collide instead of interleaving their messages.
+    """
+
+    __tablename__ = "agent_session_entries"
+    __table_args__ = (sa.Index(None, "session_id", "kind", "seq"),)
+
+    session_id: Mapped[str] = mapped_column(
+        sa.String(255),
+        sa.ForeignKey("agent_sessions.id", ondelete="CASCADE"),
+        primary_key=True,
+    )
+    seq: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    kind: Mapped[str] = mapped_column(sa.String(32))
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+# --- memory --------------------------------------------------------------------------------
+
+
+class MemoryBlockRow(Base):
+    """One bounded memory block of one scope; ``position`` keeps the template's order."""
+
+    __tablename__ = "agent_memory_blocks"
+
+    scope: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    label: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    position: Mapped[int] = mapped_column(sa.Integer, default=0)
+    description: Mapped[str] = mapped_column(sa.Text, default="")
+    entries: Mapped[list[Any]]
+    limit_chars: Mapped[int] = mapped_column(sa.Integer)
+    version: Mapped[int] = mapped_column(sa.Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class MemoryEditRow(Base):
+    """An applied memory edit key: the same ``(scope, edit_key)`` is never applied twice."""
+
+    __tablename__ = "agent_memory_edits"
+
+    scope: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    edit_key: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+# --- background runs -----------------------------------------------------------------------
+
+
+class RunRow(Base):
+    """The record of one background run, kept long after the job queue forgot the job."""
+
+    __tablename__ = "agent_runs"
+    __table_args__ = (
+        sa.CheckConstraint(
+            sa.column("status").in_(RUN_STATUSES),
+            name="status",
+        ),
+        sa.Index(None, "status"),
+        sa.Index(None, "session_id"),
+    )
+
+    run_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(sa.String(32), default="queued")
+    origin: Mapped[str] = mapped_column(sa.String(64), default="api")
+    session_id: Mapped[str | None] = mapped_column(sa.String(255))
+    memory_scope: Mapped[str | None] = mapped_column(sa.String(255))
+    progress_pct: Mapped[int] = mapped_column(sa.Integer, default=0)
+    progress_message: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    outcome: Mapped[dict[str, Any] | None]
+    error: Mapped[dict[str, Any] | None]
+    state: Mapped[dict[str, Any] | None]
+    attempt: Mapped[int] = mapped_column(sa.Integer, default=0)
+
+
+class RunCheckpointRow(Base):
+    """A step checkpoint of a run: a model reply or a tool result, written once."""
+
+    __tablename__ = "agent_run_checkpoints"
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "kind", "step", "position"),
+        sa.CheckConstraint(sa.column("kind").in_(CHECKPOINT_KINDS), name="kind"),
+    )
+
+    run_id: Mapped[str] = mapped_column(
+        sa.String(64),
+        sa.ForeignKey("agent_runs.run_id", ondelete="CASCADE"),
+        primary_key=True,
+    )
+    seq: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    kind: Mapped[str] = mapped_column(sa.String(32))
+    step: Mapped[int] = mapped_column(sa.Integer)
+    position: Mapped[int] = mapped_column(sa.Integer, default=0)
+    call_id: Mapped[str | None] = mapped_column(sa.String(255))
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

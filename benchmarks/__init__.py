@@ -1,0 +1,1 @@
+"""The benchmark suite: ``python -m benchmarks.run`` (``--quick`` for a smoke run)."""

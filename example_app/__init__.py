@@ -1,0 +1,1 @@
+"""A runnable demo app for fastapi-agent-plugin: ``uvicorn example_app.main:app``."""

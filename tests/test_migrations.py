@@ -1,0 +1,198 @@
+"""The Alembic migrations: up, down and up again on SQLite and PostgreSQL; they agree with the
+models; they leave an application's own tables alone; the CLI runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from agent_plugin.__main__ import main
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.storage import Database
+from agent_plugin.storage.migrations import (
+    VERSION_TABLE,
+    alembic_config,
+    include_name,
+    migrations_dir,
+)
+from agent_plugin.storage.models import Base
+from tests.test_storage import PostgresSchema, sqlite_url
+
+PLUGIN_TABLES = sorted(Base.metadata.tables)
+APP_TABLES = ["alembic_version", "app_items"]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    """An empty database holding only an application's own tables (and its own Alembic)."""
+    schema: PostgresSchema | None = None
+    if request.param == "sqlite":
+        make: Callable[[], Database] = lambda: Database(sqlite_url(tmp_path / "empty.db"))  # noqa: E731
+    else:
+        schema = PostgresSchema()
+        await schema.create()
+        make = schema.database
+    database = make()
+    async with database.write() as conn:
+        await conn.execute(sa.text("CREATE TABLE app_items (id INTEGER PRIMARY KEY, name TEXT)"))
+        await conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32))"))
+        await conn.execute(sa.text("INSERT INTO alembic_version VALUES ('app_0042')"))
+        await conn.execute(sa.text("INSERT INTO app_items VALUES (1, 'kept')"))
+    try:
+        yield database
+    finally:
+        await database.dispose()
+        if schema is not None:
+            await schema.drop()
+
+
+async def table_names(database: Database) -> list[str]:
+    async with database.read() as conn:
+        return sorted(await conn.run_sync(lambda sync: sa.inspect(sync).get_table_names()))
+
+
+async def model_differences(database: Database) -> list[Any]:
+    def compare(connection: sa.Connection) -> list[Any]:
+        context = MigrationContext.configure(
+            connection,
+            opts={"include_name": include_name, "compare_type": True},
+        )
+        return list(compare_metadata(context, Base.metadata))
+
+    async with database.read() as conn:
+        return await conn.run_sync(compare)
+
+
+async def app_data_is_intact(database: Database) -> None:
+    async with database.read() as conn:
+        assert (await conn.execute(sa.text("SELECT name FROM app_items"))).scalar_one() == "kept"
+        version = await conn.execute(sa.text("SELECT version_num FROM alembic_version"))
+        assert version.scalar_one() == "app_0042"
+
+
+async def test_upgrade_downgrade_upgrade(empty_database: Database) -> None:
+    database = empty_database
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head == "0001"
+    assert await database.current_revision() is None
+
+    await database.migrate()
+    assert await database.current_revision() == head
+    assert await table_names(database) == sorted([*APP_TABLES, *PLUGIN_TABLES, VERSION_TABLE])
+    assert await model_differences(database) == []
+    await database.migrate()  # already at head: a no-op
+    assert await database.current_revision() == head
+
+    await database.downgrade()
+    assert await database.current_revision() is None
+    assert await table_names(database) == sorted([*APP_TABLES, VERSION_TABLE])
+    await app_data_is_intact(database)
+
+    await database.migrate("head")
+    assert await database.current_revision() == head
+    assert await model_differences(database) == []
+    await app_data_is_intact(database)
+
+
+async def test_the_comparison_can_see_a_difference(empty_database: Database) -> None:
+    """The no-differences check above is real: a missing index is reported."""
+    await empty_database.migrate()
+    async with empty_database.write() as conn:
+        await conn.execute(sa.text("DROP INDEX ix_agent_runs_status"))
+    differences = await model_differences(empty_database)
+    assert [d[0] for d in differences] == ["add_index"]
+
+
+async def test_an_unknown_revision_is_a_config_error(tmp_path: Path) -> None:
+    database = Database(sqlite_url(tmp_path / "agent.db"))
+    try:
+        with pytest.raises(AgentError) as caught:
+            await database.migrate("nope")
+        assert caught.value.kind is ErrorKind.CONFIG
+        assert "nope" in caught.value.message
+    finally:
+        await database.dispose()
+
+
+def test_the_scripts_are_found_in_the_checkout() -> None:
+    found = migrations_dir()
+    assert (found / "env.py").is_file()
+    assert (found / "versions" / "0001_initial.py").is_file()
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k != "AGENT_DATABASE_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "agent_plugin", "migrate", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=environment,
+        timeout=60,
+    )
+
+
+def sqlite_tables(path: Path) -> list[str]:
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    return sorted(name for (name,) in rows)
+
+
+def test_the_cli_migrates_in_a_new_process(tmp_path: Path) -> None:
+    path = tmp_path / "cli.db"
+    result = cli("--database-url", sqlite_url(path))
+    assert result.returncode == 0, result.stderr
+    assert "is at revision 0001" in result.stdout
+    assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
+
+
+# The same entry point in-process (a new process costs seconds on a busy machine).
+
+
+def test_the_cli_takes_a_direction_a_revision_and_the_url_from_the_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "plain.db"
+    monkeypatch.setenv("AGENT_DATABASE_URL", f"sqlite:///{path}")  # a plain URL works too
+    assert main(["migrate", "upgrade", "0001"]) == 0
+    assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
+    assert main(["migrate", "downgrade"]) == 0
+    assert sqlite_tables(path) == [VERSION_TABLE]
+    assert "base (no tables)" in capsys.readouterr().out
+    assert main(["migrate"]) == 0
+    assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
+
+
+def test_the_cli_reports_errors_without_the_password(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AGENT_DATABASE_URL", raising=False)
+    url = "postgresql://agent:hunter2-secret@127.0.0.1:1/agent"
+    assert main(["migrate", "--database-url", url]) == 1
+    out, err = capsys.readouterr()
+    assert "[Unavailable]" in err
+    assert "postgresql+asyncpg://agent:***@127.0.0.1:1/agent" in err
+    assert "hunter2-secret" not in out + err
+
+    assert main(["migrate", "upgrade", "nope", "--database-url", "sqlite://"]) == 1
+    assert "[Config] cannot upgrade to 'nope'" in capsys.readouterr().err
+
+    assert main(["migrate"]) == 2
+    assert "AGENT_DATABASE_URL" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["migrate", "sideways"])
