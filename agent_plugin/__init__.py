@@ -1,7 +1,12 @@
 """fastapi-agent-plugin: a provider-agnostic LLM agent for FastAPI apps.
 
 The names a user imports live here; wire clients are in :mod:`agent_plugin.providers`.
+``AgentPlugin``, ``AgentHandle`` and ``AgentSettings`` load on first use, so the agent core
+imports without FastAPI, pydantic-settings or a database driver.
 """
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from agent_plugin.agent import Agent, EventSink
 from agent_plugin.cancellation import CancelToken
@@ -38,7 +43,25 @@ from agent_plugin.providers.retry import RetryPolicy
 from agent_plugin.providers.scripted import ScriptedModel
 from agent_plugin.tools import FnTool, Tool, ToolContext, ToolEffect, ToolRegistry, ToolReturn, tool
 
+if TYPE_CHECKING:
+    from agent_plugin.config import AgentSettings
+    from agent_plugin.plugin import AgentHandle, AgentPlugin
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "AgentHandle": "agent_plugin.plugin",
+    "AgentPlugin": "agent_plugin.plugin",
+    "AgentSettings": "agent_plugin.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agent_plugin' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
 
 __all__ = [
     "ALLOW",
@@ -46,8 +69,11 @@ __all__ = [
     "Agent",
     "AgentError",
     "AgentEvent",
+    "AgentHandle",
     "AgentHooks",
     "AgentOutcome",
+    "AgentPlugin",
+    "AgentSettings",
     "AgentTurn",
     "AllowAll",
     "ApprovalDecision",

@@ -36,6 +36,7 @@ from agent_plugin.events import (
     RetryScheduled,
     RunEnded,
     RunStarted,
+    Steered,
     TextDeltaEvent,
     ThinkingDeltaEvent,
     ToolCallDeltaEvent,
@@ -52,7 +53,7 @@ from agent_plugin.hooks import (
     ToolOutput,
 )
 from agent_plugin.ids import new_run_id
-from agent_plugin.journal import Replied, RoundDone, RunJournal, Started, ToolDone
+from agent_plugin.journal import Appended, Replied, RoundDone, RunJournal, Started, ToolDone
 from agent_plugin.loop_guard import LoopGuard, LoopTracker, Stop, Warn, warning_note
 from agent_plugin.memory import DEFAULT_SCOPE, MemoryStore, MemoryTool, render_snapshot
 from agent_plugin.messages import (
@@ -105,6 +106,7 @@ from agent_plugin.redaction import redact
 from agent_plugin.rounds import ToolRound
 from agent_plugin.sessions import Compaction, SessionStore, SessionTurn
 from agent_plugin.skills import LoadSkillTool, Skill, skills_index
+from agent_plugin.steering import Steering
 from agent_plugin.tools import (
     Tool,
     ToolRegistry,
@@ -197,11 +199,18 @@ class Agent:
         run_id: str | None = None,
         session_id: str | None = None,
         cancel: CancelToken | None = None,
+        steering: Steering | None = None,
         on_event: EventSink | None = None,
     ) -> AgentOutcome:
         """Run one task from scratch and return its outcome."""
         turn = await self.run_turn(
-            [], prompt, run_id=run_id, session_id=session_id, cancel=cancel, on_event=on_event
+            [],
+            prompt,
+            run_id=run_id,
+            session_id=session_id,
+            cancel=cancel,
+            steering=steering,
+            on_event=on_event,
         )
         return turn.outcome
 
@@ -213,6 +222,7 @@ class Agent:
         run_id: str | None = None,
         session_id: str | None = None,
         cancel: CancelToken | None = None,
+        steering: Steering | None = None,
         on_event: EventSink | None = None,
         stream: bool = False,
         session_version: int | None = None,
@@ -237,6 +247,7 @@ class Agent:
             history_length=len(repaired),
             session_version=session_version,
             journal=journal,
+            steering=steering,
             usage=TokenUsage(),
             steps_used=0,
             tracker=self.loop_guard.tracker(),
@@ -252,6 +263,7 @@ class Agent:
         decisions: Iterable[ApprovalDecision] = (),
         *,
         cancel: CancelToken | None = None,
+        steering: Steering | None = None,
         on_event: EventSink | None = None,
         stream: bool = False,
         journal: RunJournal | None = None,
@@ -273,6 +285,7 @@ class Agent:
             session_version=state.session_version,
             journal=journal,
             pending=pending,
+            steering=steering,
             usage=state.usage,
             steps_used=state.steps_used,
             tracker=self.loop_guard.tracker(state.recent_calls),
@@ -290,6 +303,7 @@ class Agent:
         run_id: str | None = None,
         session_id: str | None = None,
         cancel: CancelToken | None = None,
+        steering: Steering | None = None,
     ) -> AsyncIterator[AgentEvent]:
         """Run a task and yield its events as they happen; the last one is ``run_end``.
 
@@ -303,6 +317,7 @@ class Agent:
                 run_id=run_id,
                 session_id=session_id,
                 cancel=cancel,
+                steering=steering,
                 on_event=sink,
                 stream=True,
             )
@@ -331,6 +346,7 @@ class Agent:
         cancel: CancelToken | None = None,
         on_event: EventSink | None = None,
         stream: bool = False,
+        journal: RunJournal | None = None,
     ) -> SessionTurn:
         """Continue a stored conversation; see :func:`agent_plugin.sessions.run_in_session`.
 
@@ -347,6 +363,7 @@ class Agent:
             cancel=cancel,
             on_event=on_event,
             stream=stream,
+            journal=journal,
         )
 
     async def resume_in_session(
@@ -358,10 +375,18 @@ class Agent:
         cancel: CancelToken | None = None,
         on_event: EventSink | None = None,
         stream: bool = False,
+        journal: RunJournal | None = None,
     ) -> SessionTurn:
         """Resume a run paused in a session and save the finished turn."""
         return await sessions.resume_in_session(
-            self, store, state, decisions, cancel=cancel, on_event=on_event, stream=stream
+            self,
+            store,
+            state,
+            decisions,
+            cancel=cancel,
+            on_event=on_event,
+            stream=stream,
+            journal=journal,
         )
 
     # --- preparation -----------------------------------------------------------------------
@@ -452,9 +477,11 @@ class _Run:
         session_version: int | None,
         journal: RunJournal | None = None,
         pending: list[PendingCall] | None = None,
+        steering: Steering | None = None,
     ) -> None:
         self.agent = agent
         self.journal = journal
+        self.steering = steering
         self.initial_pending = pending or []
         self.history_length = history_length
         self.session_version = session_version
@@ -499,6 +526,16 @@ class _Run:
             max_steps=self.agent.budget.max_steps,
             usage=self.usage,
         )
+
+    async def take_steering(self) -> None:
+        assert self.steering is not None
+        messages = self.steering.drain()
+        for message in messages:
+            self.append(message)
+        if self.journal is not None:
+            await self.journal.record(Appended(messages=messages))
+        if self.emit is not None:
+            self.emit(Steered(run_id=self.run_id, messages=[m.text_content for m in messages]))
 
     async def tool_done(self, position: int, call: ToolCall, output: ToolOutput) -> None:
         assert self.journal is not None
@@ -611,6 +648,8 @@ class _Run:
             reason = budget.exhausted(self.steps_used, self.usage)
             if reason is not None:
                 return self.exhausted(reason)
+            if self.steering is not None and self.steering.pending:
+                await self.take_steering()
             remaining = budget.remaining(self.usage)
             history, history_tokens = self.history(remaining)
             if history_tokens > remaining or not any(m.role is not Role.SYSTEM for m in history):
@@ -665,6 +704,8 @@ class _Run:
                 await self.replied(step, message, [])
                 if overshoot:
                     return self.exhausted("tokens")
+                if self.steering is not None and self.steering.pending:
+                    continue  # a message arrived while the model answered: steering wins
                 return Completed(
                     text=text_of(content), steps_used=self.steps_used, usage=self.usage
                 )

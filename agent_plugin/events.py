@@ -45,6 +45,7 @@ __all__ = [
     "RetryScheduled",
     "RunEnded",
     "RunStarted",
+    "Steered",
     "TextDeltaEvent",
     "ThinkingDeltaEvent",
     "ToolCallDeltaEvent",
@@ -145,6 +146,13 @@ class ApprovalRequired(_Event):
     calls: list[PendingApproval]
 
 
+class Steered(_Event):
+    """Messages sent to the running run joined the conversation before the next request."""
+
+    type: Literal["steered"] = "steered"
+    messages: list[str]
+
+
 class TurnEnded(_Event):
     type: Literal["turn_end"] = "turn_end"
     step: int
@@ -221,6 +229,7 @@ AgentEvent: TypeAlias = Annotated[
     | ToolStarted
     | ToolFinished
     | ApprovalRequired
+    | Steered
     | TurnEnded
     | RunEnded,
     Field(discriminator="type"),

@@ -6,7 +6,8 @@ A run given a :class:`RunJournal` records, in order:
   reviewers' decisions applied);
 * ``replied``: each model reply, with the policy's verdict for each of its calls;
 * ``tool_done``: each executed call's result, as soon as it is known;
-* ``round_done``: the tool message that closed a round.
+* ``round_done``: the tool message that closed a round;
+* ``appended``: messages that joined between steps (steering).
 
 :func:`recover` turns those entries back into a :class:`~agent_plugin.outcomes.RunState`, and
 ``Agent.resume(state)`` continues from it: recorded replies are not asked for again and
@@ -25,6 +26,7 @@ from agent_plugin.messages import ChatMessage, TokenUsage
 from agent_plugin.outcomes import Finished, PendingCall, RunState
 
 __all__ = [
+    "Appended",
     "InMemoryJournal",
     "JournalEntry",
     "Replied",
@@ -68,6 +70,13 @@ class ToolDone(_Entry):
     is_error: bool = False
 
 
+class Appended(_Entry):
+    """Messages that joined the transcript between steps (steering)."""
+
+    kind: Literal["appended"] = "appended"
+    messages: list[ChatMessage]
+
+
 class RoundDone(_Entry):
     kind: Literal["round_done"] = "round_done"
     step: int
@@ -75,7 +84,7 @@ class RoundDone(_Entry):
 
 
 JournalEntry: TypeAlias = Annotated[
-    Started | Replied | ToolDone | RoundDone, Field(discriminator="kind")
+    Started | Replied | ToolDone | RoundDone | Appended, Field(discriminator="kind")
 ]
 journal_entry_adapter: TypeAdapter[JournalEntry] = TypeAdapter(JournalEntry)
 
@@ -127,6 +136,8 @@ def recover(entries: Iterable[JournalEntry]) -> RunState | None:
                     update={"status": Finished(content=entry.content, is_error=entry.is_error)}
                 )
                 state = state.model_copy(update={"pending": pending})
+        elif isinstance(entry, Appended):
+            state = state.model_copy(update={"messages": [*state.messages, *entry.messages]})
         else:
             state = state.model_copy(
                 update={"messages": [*state.messages, entry.message], "pending": []}

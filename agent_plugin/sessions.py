@@ -51,6 +51,7 @@ from agent_plugin.providers.base import ChatRequest, LlmClient
 
 if TYPE_CHECKING:
     from agent_plugin.agent import Agent, EventSink
+    from agent_plugin.journal import RunJournal
 
 __all__ = [
     "MAX_SESSION_ID_LENGTH",
@@ -628,6 +629,7 @@ async def run_in_session(
     cancel: CancelToken | None = None,
     on_event: EventSink | None = None,
     stream: bool = False,
+    journal: RunJournal | None = None,
 ) -> SessionTurn:
     """Continue the session with ``prompt`` [AP-35].
 
@@ -639,7 +641,8 @@ async def run_in_session(
 
     Raises ``ErrorKind.CONFLICT`` if another writer changed the session during the turn; the
     turn's messages are then not saved and the caller decides (retry on a fresh load, or
-    report). A failed summary call raises and leaves the session unchanged.
+    report). A failed summary call raises and leaves the session unchanged. ``journal``
+    checkpoints the run (see :mod:`agent_plugin.journal`).
     """
     check_session_id(session_id)
     view = await store.load(session_id)
@@ -657,6 +660,7 @@ async def run_in_session(
         on_event=on_event,
         stream=stream,
         session_version=view.version,
+        journal=journal,
     )
     version = view.version
     if not _paused(turn.outcome):
@@ -680,6 +684,7 @@ async def resume_in_session(
     cancel: CancelToken | None = None,
     on_event: EventSink | None = None,
     stream: bool = False,
+    journal: RunJournal | None = None,
 ) -> SessionTurn:
     """Resume a run paused in a session, and save the whole turn once it finishes [AP-35].
 
@@ -701,7 +706,9 @@ async def resume_in_session(
             f"session {session_id!r} changed after run {state.run_id!r} paused at version "
             f"{expected}: the paused turn can no longer be saved",
         )
-    turn = await agent.resume(state, decisions, cancel=cancel, on_event=on_event, stream=stream)
+    turn = await agent.resume(
+        state, decisions, cancel=cancel, on_event=on_event, stream=stream, journal=journal
+    )
     version = expected
     if not _paused(turn.outcome):
         version = await store.append(session_id, turn.new_messages, expected_version=expected)

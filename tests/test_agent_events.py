@@ -26,6 +26,7 @@ from agent_plugin.policy import ToolRules
 from agent_plugin.providers.base import ChatRequest, ChatResponse
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
+from agent_plugin.steering import Steering
 from agent_plugin.tools import FnTool, ToolContext, ToolEffect, ToolReturn
 
 ECHO = FnTool("echo", "echoes", {"type": "object"}, lambda args: args)
@@ -393,3 +394,55 @@ async def test_a_hook_can_cancel_at_each_boundary(where: str) -> None:
     else:
         assert roles == [Role.USER, Role.ASSISTANT, Role.TOOL]
         assert "before this call ran" in results_of(turn.messages[2])[0]
+
+
+# --- steering [OP-11] ----------------------------------------------------------------------
+
+
+async def test_a_steering_message_joins_before_the_next_model_request() -> None:
+    steering = Steering()
+
+    def slow_lookup(args: Any) -> Any:
+        steering.send("also check Bergen")
+        return "sunny"
+
+    model = ScriptedModel([tool_call("look", {"city": "Oslo"}), "Oslo sunny; Bergen too"])
+    agent = Agent(model, tools=[FnTool("look", "looks", {"type": "object"}, slow_lookup)])
+    events, turn = await collect(agent, "Weather in Oslo?", steering=steering)
+    second = model.requests[1].messages
+    assert [m.role for m in second] == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.USER]
+    assert second[-1].text_content == "also check Bergen"
+    steered = [e for e in events if e.type == "steered"]
+    assert [e.messages for e in steered] == [["also check Bergen"]]  # type: ignore[union-attr]
+    assert isinstance(turn.outcome, Completed)
+
+
+async def test_steering_that_arrives_during_the_answer_wins() -> None:
+    steering = Steering()
+
+    async def answer_while_steered(request: ChatRequest) -> str:
+        steering.send("wait, in Celsius please")
+        return "It is 70 °F."
+
+    model = ScriptedModel([answer_while_steered, "It is 21 °C."])
+    turn = await Agent(model).run_turn([], "Weather?", steering=steering)
+    assert isinstance(turn.outcome, Completed)
+    assert turn.outcome.text == "It is 21 °C."
+    assert [m.text_content for m in turn.messages] == [
+        "Weather?",
+        "It is 70 °F.",
+        "wait, in Celsius please",
+        "It is 21 °C.",
+    ]
+
+
+async def test_steered_messages_are_journaled() -> None:
+    from agent_plugin.journal import InMemoryJournal, recover
+
+    steering = Steering()
+    steering.send("be brief")
+    journal = InMemoryJournal()
+    turn = await Agent(ScriptedModel(["ok"])).run_turn([], "hi", steering=steering, journal=journal)
+    state = recover(journal.entries)
+    assert state is not None
+    assert state.messages == turn.messages

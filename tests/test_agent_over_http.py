@@ -223,6 +223,8 @@ async def test_every_path_gives_the_same_run() -> None:
                 await model.aclose()
         assert comparable(turn) == comparable(reference), name
         assert len(server.requests) == 3, name
+        # one kept-alive connection for the whole run, streamed or not
+        assert len({r.connection for r in server.requests}) == 1, name
         last = server.requests[-1].json()
         sent = json.dumps(last)
         assert "rainy" in sent, name  # the tool results reached the model

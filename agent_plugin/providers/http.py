@@ -7,7 +7,9 @@ value, or a Decode error), :func:`json_text`, :func:`needs_api_key` / :func:`req
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import contextlib
 import json
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -297,6 +299,11 @@ class HttpTransport:
                 except httpx.HTTPError as exc:
                     raise self._transport_error(exc) from None
                 yield event
+        except GeneratorExit:
+            # the caller stopped reading, normally at the stream's end marker: read what is
+            # left (usually nothing) so the connection goes back to the pool, not to waste
+            await _drain(events)
+            raise
         finally:
             await _close_stream(response, lines, events)
 
@@ -408,6 +415,17 @@ _SSE_HEADERS: Mapping[str, str] = {
 _OpenStream = tuple[
     httpx.Response, AsyncGenerator[str, None], AsyncGenerator[SseEvent, None], SseEvent | None
 ]
+
+
+_DRAIN_SECONDS: Final = 0.5
+"""How long a stream the caller left is read on, hoping to reuse its connection."""
+
+
+async def _drain(events: AsyncGenerator[SseEvent, None]) -> None:
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            async for _ in events:
+                pass
 
 
 async def _close_stream(

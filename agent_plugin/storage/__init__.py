@@ -8,6 +8,7 @@ it::
     await database.migrate()              # or: python -m agent_plugin migrate --database-url ...
     sessions = SqlSessionStore(database)
     memory = SqlMemoryStore(database)
+    runs = SqlRunStore(database)          # background run records and step checkpoints
     ...
     await database.dispose()
 
@@ -17,12 +18,17 @@ by the Alembic migrations that ship with the package.
 
 from agent_plugin.storage.database import DEFAULT_DATABASE_URL, Database, hide_password
 from agent_plugin.storage.memory import SqlMemoryStore
+from agent_plugin.storage.runs import RunRecord, RunStatus, SqlRunJournal, SqlRunStore
 from agent_plugin.storage.sessions import SqlSessionStore
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
     "Database",
+    "RunRecord",
+    "RunStatus",
     "SqlMemoryStore",
+    "SqlRunJournal",
+    "SqlRunStore",
     "SqlSessionStore",
     "hide_password",
 ]

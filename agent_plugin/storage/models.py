@@ -40,7 +40,6 @@ RUN_STATUSES: Final = (
 )
 """The states a background run record moves through."""
 
-CHECKPOINT_KINDS: Final = ("model_reply", "tool_result")
 
 NAMING_CONVENTION: Final = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -164,7 +163,14 @@ class MemoryEditRow(Base):
 
 
 class RunRow(Base):
-    """The record of one background run, kept long after the job queue forgot the job."""
+    """The record of one background run, kept long after the job queue forgot the job.
+
+    ``outcome`` is the public :class:`~agent_plugin.events.OutcomeSummary` (no transcript, tool
+    arguments redacted); ``state`` (the :class:`~agent_plugin.outcomes.RunState` of a paused
+    run), ``decisions`` (the reviewers' accepted decisions, until the resume finishes) and
+    ``args`` (the job's arguments) stay on the server. ``version`` moves on every change of
+    status, so a decision is accepted against exactly one pause (compare-and-set).
+    """
 
     __tablename__ = "agent_runs"
     __table_args__ = (
@@ -191,16 +197,22 @@ class RunRow(Base):
     error: Mapped[dict[str, Any] | None]
     state: Mapped[dict[str, Any] | None]
     attempt: Mapped[int] = mapped_column(sa.Integer, default=0)
+    args: Mapped[dict[str, Any] | None]
+    decisions: Mapped[list[Any] | None]
+    version: Mapped[int] = mapped_column(sa.Integer, default=0, server_default=sa.text("0"))
 
 
 class RunCheckpointRow(Base):
-    """A step checkpoint of a run: a model reply or a tool result, written once."""
+    """One journal entry of a run (:mod:`agent_plugin.journal`), numbered 1, 2, 3, ... per run.
+
+    ``payload`` is the entry's JSON without ``kind`` (a column); ``step``, ``position`` and
+    ``call_id`` repeat the entry's fields where it has them, for people reading the table. The
+    primary key ``(run_id, seq)`` makes two writers of one run collide instead of interleaving.
+    ``kind`` has no check constraint: the journal's entry kinds grow with the code, and an
+    unknown kind is reported when the entry is read.
+    """
 
     __tablename__ = "agent_run_checkpoints"
-    __table_args__ = (
-        sa.UniqueConstraint("run_id", "kind", "step", "position"),
-        sa.CheckConstraint(sa.column("kind").in_(CHECKPOINT_KINDS), name="kind"),
-    )
 
     run_id: Mapped[str] = mapped_column(
         sa.String(64),
@@ -209,8 +221,8 @@ class RunCheckpointRow(Base):
     )
     seq: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
     kind: Mapped[str] = mapped_column(sa.String(32))
-    step: Mapped[int] = mapped_column(sa.Integer)
-    position: Mapped[int] = mapped_column(sa.Integer, default=0)
+    step: Mapped[int | None] = mapped_column(sa.Integer)
+    position: Mapped[int | None] = mapped_column(sa.Integer)
     call_id: Mapped[str | None] = mapped_column(sa.String(255))
     payload: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,751 @@
+"""Durable records of background runs and their step checkpoints, on SQLite or PostgreSQL.
+
+A run's record (a row of ``agent_runs``) moves like this; any other move is ``CONFLICT``::
+
+    move               from                                 to
+    create             (nothing)                            queued
+    start              queued, in_progress (a re-delivery)  in_progress   (attempt + 1)
+    progress           in_progress                          (progress only)
+    finish             queued, in_progress                  complete | awaiting_approval | cancelled
+    fail               queued, in_progress                  failed
+    requeue            in_progress                          queued        (a retry is coming)
+    take_paused_state  awaiting_approval                    queued        (decisions stored)
+    cancel             queued, awaiting_approval            cancelled
+
+What :meth:`SqlRunStore.get` shows (:class:`RunRecord`) is safe to publish: the outcome as an
+:class:`~agent_plugin.events.OutcomeSummary` (no transcript, tool arguments redacted) and the
+calls a paused run waits on. The paused run's :class:`~agent_plugin.outcomes.RunState`, the
+job's arguments and the accepted decisions stay on the server.
+
+Every change of status moves the record's ``version``; :meth:`SqlRunStore.take_paused_state`
+validates the decisions against the state it read and then moves the run on only if the
+version is still the one it read (compare-and-set), so a decision is accepted once, against
+exactly one pause, however many requests race.
+
+Step checkpoints (:meth:`SqlRunStore.journal`) are rows of ``agent_run_checkpoints``, one
+``INSERT`` each, numbered per run; the primary key ``(run_id, seq)`` makes two writers of one
+run collide instead of interleaving. A retried job reads them back with
+:meth:`SqlRunStore.journal_entries` and continues from :func:`agent_plugin.journal.recover`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Final, TypeVar
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+from sqlalchemy import exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
+from agent_plugin.events import OutcomeSummary, PendingApproval
+from agent_plugin.journal import JournalEntry, journal_entry_adapter
+from agent_plugin.messages import TokenUsage
+from agent_plugin.outcomes import (
+    AgentOutcome,
+    ApprovalDecision,
+    AwaitingApproval,
+    Cancelled,
+    Paused,
+    RunState,
+)
+from agent_plugin.storage.database import Database
+from agent_plugin.storage.models import RunCheckpointRow, RunRow, utcnow
+
+__all__ = ["RunRecord", "RunStatus", "SqlRunJournal", "SqlRunStore"]
+
+_RUNS: Final = RunRow
+_CHECKPOINTS: Final = RunCheckpointRow
+_RUN_ID_MAX: Final = 64
+_NAME_MAX: Final = 255
+_ORIGIN_MAX: Final = 64
+
+T = TypeVar("T")
+
+
+class RunStatus(StrEnum):
+    """Where a background run is: see the module docstring for the moves between them."""
+
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    AWAITING_APPROVAL = "awaiting_approval"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        """Complete, failed or cancelled: nothing moves the run any more."""
+        return self in _FINISHED
+
+
+_FINISHED: Final = frozenset({RunStatus.COMPLETE, RunStatus.FAILED, RunStatus.CANCELLED})
+_RUNNABLE: Final = (RunStatus.QUEUED, RunStatus.IN_PROGRESS)
+"""A worker may start, finish or fail a run in these states (in progress: a re-delivery)."""
+_CANCELLABLE: Final = (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL)
+_CANCEL_TRIES: Final = 3
+
+
+class RunRecord(BaseModel):
+    """The public view of one run: what ``GET {prefix}/runs/{run_id}`` answers.
+
+    Never holds the transcript: ``outcome`` is a summary with tool arguments redacted, and
+    ``awaiting`` lists the calls a paused run waits on (redacted too; empty otherwise).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    status: RunStatus
+    origin: str
+    session_id: str | None = None
+    memory_scope: str | None = None
+    progress_pct: int = 0
+    progress_message: str | None = None
+    attempt: int = 0
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    outcome: OutcomeSummary | None = None
+    error: ErrorInfo | None = None
+    awaiting: list[PendingApproval] = Field(default_factory=list)
+
+
+def status_of(outcome: AgentOutcome) -> RunStatus:
+    """The record status an outcome leaves a run in.
+
+    A pause (for approval or by a hook) is ``awaiting_approval``: it waits for a decision to
+    resume. An outcome this version does not know (written by a newer one) counts as complete.
+    """
+    if isinstance(outcome, AwaitingApproval | Paused):
+        return RunStatus.AWAITING_APPROVAL
+    if isinstance(outcome, Cancelled):
+        return RunStatus.CANCELLED
+    return RunStatus.COMPLETE  # completed, budget_exhausted, loop_detected, unknown
+
+
+class SqlRunStore:
+    """Run records and step checkpoints in the plugin's tables, through a shared
+    :class:`Database`.
+
+    Errors are :class:`AgentError`: ``NOT_FOUND`` for an unknown run, ``CONFLICT`` for a move
+    the run's status does not allow (the message names the status), ``CONFIG`` for bad
+    arguments, ``DECODE`` (naming the run and the column) for a stored value that no longer
+    decodes, ``UNAVAILABLE`` when the database cannot be reached.
+    """
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def __repr__(self) -> str:
+        return f"SqlRunStore({self.database.display_url!r})"
+
+    # --- records ---------------------------------------------------------------------------
+
+    async def create(
+        self,
+        run_id: str,
+        *,
+        origin: str,
+        args: Mapping[str, Any],
+        session_id: str | None = None,
+        memory_scope: str | None = None,
+    ) -> bool:
+        """Record a new queued run; ``False`` (nothing changed) if ``run_id`` already exists.
+
+        ``args`` are the job's arguments as JSON-able data (:meth:`args` gives them back to a
+        retry or a resume). Enqueueing the same run twice is a no-op.
+        """
+        _check_run_id(run_id)
+        _check_text("origin", origin, _ORIGIN_MAX, required=True)
+        _check_text("session_id", session_id, _NAME_MAX)
+        _check_text("memory_scope", memory_scope, _NAME_MAX)
+        stored_args = _json_args(run_id, args)
+        now = utcnow()
+        async with self.database.write() as conn:
+            insert = _insert_ignoring_duplicates(conn).values(
+                run_id=run_id,
+                status=RunStatus.QUEUED.value,
+                origin=origin,
+                session_id=session_id,
+                memory_scope=memory_scope,
+                progress_pct=0,
+                attempt=0,
+                version=0,
+                args=stored_args,
+                created_at=now,
+                updated_at=now,
+            )
+            return (await conn.execute(insert)).rowcount == 1
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        """The run's public record, or ``None`` if there is no such run."""
+        async with self.database.read() as conn:
+            row = (
+                await conn.execute(sa.select(*_RECORD_COLUMNS).where(_RUNS.run_id == run_id))
+            ).one_or_none()
+        return _record(row._mapping) if row is not None else None
+
+    async def args(self, run_id: str) -> dict[str, Any] | None:
+        """The job arguments stored by :meth:`create` (``None``: no such run, or none stored)."""
+        async with self.database.read() as conn:
+            text = await conn.scalar(sa.select(_text(_RUNS.args)).where(_RUNS.run_id == run_id))
+        return _decode(run_id, "args", text, _ARGS)
+
+    async def start(self, run_id: str) -> RunRecord:
+        """A worker starts (or, after a crash, restarts) the run: ``in_progress``.
+
+        Counts the attempt and sets ``started_at`` the first time. A run that is not queued or
+        in progress (finished, paused, cancelled) is not started again: ``CONFLICT``, so a
+        re-delivered job for a finished run does nothing. Unknown run: ``NOT_FOUND``.
+        """
+        now = utcnow()
+        return await self._move(
+            run_id,
+            "start",
+            _RUNNABLE,
+            status=RunStatus.IN_PROGRESS.value,
+            attempt=_RUNS.attempt + 1,
+            started_at=sa.func.coalesce(_RUNS.started_at, now),
+            updated_at=now,
+        )
+
+    async def progress(self, run_id: str, pct: int, message: str) -> None:
+        """Report progress of a run in progress (one ``UPDATE``; ``pct`` is kept in 0..100).
+
+        Ignored when the run is no longer in progress (a late report changes nothing);
+        ``NOT_FOUND`` for an unknown run.
+        """
+        update = (
+            sa.update(_RUNS)
+            .where(_RUNS.run_id == run_id, _RUNS.status == RunStatus.IN_PROGRESS.value)
+            .values(
+                progress_pct=min(max(int(pct), 0), 100),
+                progress_message=message,
+                updated_at=utcnow(),
+            )
+        )
+        async with self.database.write() as conn:
+            if (await conn.execute(update)).rowcount == 1:
+                return
+            if await _status(conn, run_id) is None:
+                raise _not_found(run_id)
+
+    async def finish(self, run_id: str, outcome: AgentOutcome) -> RunRecord:
+        """Record how a queued or running run ended, and move it to the outcome's status.
+
+        The public record gets ``OutcomeSummary.of(outcome)``; a paused run's ``RunState`` is
+        kept server-side for :meth:`take_paused_state`. Accepted decisions of a previous pause
+        are cleared. A run in any other status: ``CONFLICT``.
+        """
+        status = status_of(outcome)
+        state = outcome.state if isinstance(outcome, AwaitingApproval | Paused) else None
+        now = utcnow()
+        values: dict[str, Any] = {
+            "status": status.value,
+            "outcome": OutcomeSummary.of(outcome).model_dump(mode="json"),
+            "state": state.model_dump(mode="json") if state is not None else sa.null(),
+            "decisions": sa.null(),
+            "error": sa.null(),
+            "updated_at": now,
+        }
+        if status.finished:
+            values["finished_at"] = now
+        if status is RunStatus.COMPLETE:
+            values["progress_pct"] = 100
+        return await self._move(run_id, "finish", _RUNNABLE, **values)
+
+    async def fail(self, run_id: str, error: ErrorInfo) -> RunRecord:
+        """Record the typed error that ended a queued or running run: ``failed``."""
+        now = utcnow()
+        return await self._move(
+            run_id,
+            "fail",
+            _RUNNABLE,
+            status=RunStatus.FAILED.value,
+            error=error.model_dump(mode="json"),
+            outcome=sa.null(),
+            state=sa.null(),
+            decisions=sa.null(),
+            finished_at=now,
+            updated_at=now,
+        )
+
+    async def requeue(self, run_id: str) -> None:
+        """A running run goes back to ``queued`` because a retry is coming (queued: no-op)."""
+        update = (
+            sa.update(_RUNS)
+            .where(_RUNS.run_id == run_id, _RUNS.status == RunStatus.IN_PROGRESS.value)
+            .values(status=RunStatus.QUEUED.value, version=_RUNS.version + 1, updated_at=utcnow())
+        )
+        async with self.database.write() as conn:
+            if (await conn.execute(update)).rowcount == 1:
+                return
+            status = await _status(conn, run_id)
+        if status is None:
+            raise _not_found(run_id)
+        if status != RunStatus.QUEUED.value:
+            raise _conflict(run_id, status, "requeue it")
+
+    async def cancel(self, run_id: str, reason: str) -> RunRecord:
+        """Cancel a run that is queued or awaiting approval; its record says ``reason``.
+
+        A run in progress is not cancelled here (its worker owns it) and a finished run stays
+        as it ended: both ``CONFLICT``. The paused state and any accepted decisions are dropped.
+        """
+        for _ in range(_CANCEL_TRIES):
+            async with self.database.read() as conn:
+                head = (
+                    await conn.execute(
+                        sa.select(_RUNS.status, _RUNS.version, _text(_RUNS.outcome)).where(
+                            _RUNS.run_id == run_id
+                        )
+                    )
+                ).one_or_none()
+            if head is None:
+                raise _not_found(run_id)
+            status, version, outcome_text = head
+            if status not in _CANCELLABLE:
+                raise _conflict(run_id, status, "cancel it")
+            previous = _decode(run_id, "outcome", outcome_text, _SUMMARY)
+            summary = OutcomeSummary(
+                status="cancelled",
+                reason=reason,
+                steps_used=previous.steps_used if previous is not None else 0,
+                usage=previous.usage if previous is not None else TokenUsage(),
+            )
+            now = utcnow()
+            record = await self._try_move(
+                run_id,
+                _CANCELLABLE,
+                expected_version=version,
+                status=RunStatus.CANCELLED.value,
+                outcome=summary.model_dump(mode="json"),
+                state=sa.null(),
+                decisions=sa.null(),
+                finished_at=now,
+                updated_at=now,
+            )
+            if record is not None:
+                return record
+            # it moved between the read and the write (say, a decision was accepted): again
+        raise AgentError(
+            ErrorKind.CONFLICT, f"run {run_id} kept changing while being cancelled; try again"
+        )
+
+    # --- approvals -------------------------------------------------------------------------
+
+    async def take_paused_state(
+        self, run_id: str, decisions: Sequence[ApprovalDecision]
+    ) -> RunState:
+        """Accept reviewers' decisions for a paused run: ``awaiting_approval`` -> ``queued``.
+
+        Every decision must name a call that awaits approval, at most once; otherwise
+        ``CONFLICT`` listing the awaiting call ids, and nothing changes. A run that is not
+        paused: ``CONFLICT`` (``run <id> is <status>, not awaiting approval``), so a second
+        request for the same pause is refused: a decision is accepted once. Unknown run:
+        ``NOT_FOUND``. Returns the stored state; the decisions are stored with the record for
+        the resume job (:meth:`pending_resume`).
+        """
+        decided = list(decisions)
+        async with self.database.read() as conn:
+            head = (
+                await conn.execute(
+                    sa.select(_RUNS.status, _RUNS.version, _text(_RUNS.state)).where(
+                        _RUNS.run_id == run_id
+                    )
+                )
+            ).one_or_none()
+        if head is None:
+            raise _not_found(run_id)
+        status, version, state_text = head
+        if status != RunStatus.AWAITING_APPROVAL.value:
+            raise _not_paused(run_id, status)
+        state = _decode(run_id, "state", state_text, _STATE)
+        if state is None:
+            raise _decode_error(run_id, "state", "a paused run has no stored state")
+        _check_decisions(run_id, state, decided)
+        update = (
+            sa.update(_RUNS)
+            .where(_RUNS.run_id == run_id, _RUNS.version == version)
+            .values(
+                status=RunStatus.QUEUED.value,
+                version=version + 1,
+                decisions=[d.model_dump(mode="json") for d in decided],
+                outcome=sa.null(),
+                updated_at=utcnow(),
+            )
+        )
+        async with self.database.write() as conn:
+            if (await conn.execute(update)).rowcount == 1:
+                return state
+            now_status = await _status(conn, run_id)
+        if now_status is None:
+            raise _not_found(run_id)
+        if now_status == RunStatus.AWAITING_APPROVAL.value:
+            raise AgentError(
+                ErrorKind.CONFLICT,
+                f"run {run_id} paused again while the decisions were checked; "
+                "read it again and decide on the calls it awaits now",
+            )
+        raise _not_paused(run_id, now_status)
+
+    async def pending_resume(self, run_id: str) -> tuple[RunState, list[ApprovalDecision]] | None:
+        """The paused state and the decisions accepted for it, until the resume finishes.
+
+        ``None`` when no decision is waiting to be resumed (or there is no such run).
+        """
+        async with self.database.read() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(_text(_RUNS.state), _text(_RUNS.decisions)).where(
+                        _RUNS.run_id == run_id
+                    )
+                )
+            ).one_or_none()
+        if row is None:
+            return None
+        state = _decode(run_id, "state", row[0], _STATE)
+        decided = _decode(run_id, "decisions", row[1], _DECISIONS)
+        if state is None or decided is None:
+            return None
+        return state, decided
+
+    # --- step checkpoints ------------------------------------------------------------------
+
+    def journal(self, run_id: str, *, attempt: int | None = None) -> SqlRunJournal:
+        """The run's checkpoint journal, to pass to ``Agent.run_turn``/``resume``.
+
+        With ``attempt`` (the number :meth:`start` returned in the record), a checkpoint is
+        written only while the run is in progress at that attempt: a worker that was given up
+        for dead and replaced cannot write into its successor's journal (``CONFLICT``).
+        """
+        return SqlRunJournal(self.database, run_id, attempt=attempt)
+
+    async def journal_entries(self, run_id: str) -> list[JournalEntry]:
+        """The run's checkpoints in the order they were recorded (one query; ``[]`` if none)."""
+        query = (
+            sa.select(_CHECKPOINTS.seq, _CHECKPOINTS.kind, _text(_CHECKPOINTS.payload))
+            .where(_CHECKPOINTS.run_id == run_id)
+            .order_by(_CHECKPOINTS.seq)
+        )
+        async with self.database.read() as conn:
+            rows = (await conn.execute(query)).all()
+        return [_decode_entry(run_id, seq, kind, payload) for seq, kind, payload in rows]
+
+    async def clear_journal(self, run_id: str) -> None:
+        """Delete the run's checkpoints once nothing will continue from them.
+
+        Allowed when the run is finished (its record keeps the outcome summary) or awaiting
+        approval (its state is kept in the record, and the resume journals a new start).
+        Refused with ``CONFLICT`` while the run is queued or in progress, because a retried
+        job continues from its checkpoints. No such run: nothing to clear. Checkpoints are never
+        cleared automatically: call this as housekeeping after :meth:`finish`.
+        """
+        async with self.database.write() as conn:
+            status = await _status(conn, run_id)
+            if status is None:
+                return
+            if status in _RUNNABLE:
+                raise _conflict(run_id, status, "clear its checkpoints")
+            await conn.execute(sa.delete(_CHECKPOINTS).where(_CHECKPOINTS.run_id == run_id))
+
+    # --- moves -----------------------------------------------------------------------------
+
+    async def _move(
+        self, run_id: str, action: str, allowed: Sequence[RunStatus], **values: Any
+    ) -> RunRecord:
+        """Move the run on, or raise NOT_FOUND / CONFLICT naming its status."""
+        record = await self._try_move(run_id, allowed, **values)
+        if record is not None:
+            return record
+        async with self.database.read() as conn:
+            status = await _status(conn, run_id)
+        if status is None:
+            raise _not_found(run_id)
+        raise _conflict(run_id, status, action + " it")
+
+    async def _try_move(
+        self,
+        run_id: str,
+        allowed: Sequence[RunStatus],
+        *,
+        expected_version: int | None = None,
+        **values: Any,
+    ) -> RunRecord | None:
+        """One ``UPDATE ... RETURNING`` that moves the run on and bumps its version, if the
+        run is in one of the ``allowed`` states (and at ``expected_version``, if given)."""
+        where = [_RUNS.run_id == run_id, _RUNS.status.in_([s.value for s in allowed])]
+        if expected_version is not None:
+            where.append(_RUNS.version == expected_version)
+        update = (
+            sa.update(_RUNS)
+            .where(*where)
+            .values(version=_RUNS.version + 1, **values)
+            .returning(*_RECORD_COLUMNS)
+        )
+        async with self.database.write() as conn:
+            row = (await conn.execute(update)).one_or_none()
+        return _record(row._mapping) if row is not None else None
+
+
+class SqlRunJournal:
+    """A :class:`~agent_plugin.journal.RunJournal` whose entries are rows of
+    ``agent_run_checkpoints``: each :meth:`record` is one ``INSERT``, durable when it returns.
+
+    Records through one journal are written one at a time, in the order they were made (calls
+    running in parallel finish concurrently); two journals writing one run are two writers,
+    and one of them gets ``CONFLICT`` rather than both getting the same seq.
+    """
+
+    def __init__(self, database: Database, run_id: str, *, attempt: int | None = None) -> None:
+        self.database = database
+        self.run_id = run_id
+        self.attempt = attempt
+        self._writing = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"SqlRunJournal(run_id={self.run_id!r}, attempt={self.attempt!r})"
+
+    async def record(self, entry: JournalEntry) -> None:
+        """Append ``entry`` as the run's next checkpoint (seq = last + 1, in the same statement).
+
+        ``NOT_FOUND`` if the run has no record; ``CONFLICT`` if another writer took the same
+        seq at the same moment, or (with ``attempt``) the run moved on to another attempt.
+        """
+        checkpoints = _CHECKPOINTS.__table__.c
+        next_seq = (
+            sa.select(sa.func.coalesce(sa.func.max(_CHECKPOINTS.seq), 0) + 1)
+            .where(_CHECKPOINTS.run_id == self.run_id)
+            .scalar_subquery()
+        )
+        where = [_RUNS.run_id == self.run_id]
+        if self.attempt is not None:
+            where += [
+                _RUNS.attempt == self.attempt,
+                _RUNS.status == RunStatus.IN_PROGRESS.value,
+            ]
+        source = sa.select(
+            _RUNS.run_id,
+            next_seq,
+            sa.literal(entry.kind, checkpoints.kind.type),
+            sa.literal(getattr(entry, "step", None), checkpoints.step.type),
+            sa.literal(getattr(entry, "position", None), checkpoints.position.type),
+            sa.literal(getattr(entry, "call_id", None), checkpoints.call_id.type),
+            sa.literal(entry.model_dump(mode="json", exclude={"kind"}), checkpoints.payload.type),
+            sa.literal(utcnow(), checkpoints.created_at.type),
+        ).where(*where)
+        insert = sa.insert(_CHECKPOINTS).from_select(
+            ["run_id", "seq", "kind", "step", "position", "call_id", "payload", "created_at"],
+            source,
+        )
+        try:
+            async with self._writing, self.database.write() as conn:
+                if (await conn.execute(insert)).rowcount == 1:
+                    return
+                head = (
+                    await conn.execute(
+                        sa.select(_RUNS.status, _RUNS.attempt).where(_RUNS.run_id == self.run_id)
+                    )
+                ).one_or_none()
+        except exc.IntegrityError as clash:
+            raise AgentError(
+                ErrorKind.CONFLICT,
+                f"run {self.run_id!r}: another writer recorded a checkpoint at the same time; "
+                "only one worker may run a run",
+            ) from clash
+        if head is None:
+            raise _not_found(self.run_id)
+        raise AgentError(
+            ErrorKind.CONFLICT,
+            f"run {self.run_id!r} is {head[0]} at attempt {head[1]}; attempt {self.attempt} "
+            "may no longer record checkpoints",
+        )
+
+
+# --- queries -------------------------------------------------------------------------------
+
+
+def _text(column: Any) -> sa.ColumnElement[str]:
+    """A JSON column as its stored text: decoded here, so a bad value names its run."""
+    return sa.cast(column, sa.Text).label(column.key)
+
+
+_RECORD_COLUMNS: Final = (
+    _RUNS.run_id,
+    _RUNS.status,
+    _RUNS.origin,
+    _RUNS.session_id,
+    _RUNS.memory_scope,
+    _RUNS.progress_pct,
+    _RUNS.progress_message,
+    _RUNS.attempt,
+    _RUNS.created_at,
+    _RUNS.updated_at,
+    _RUNS.started_at,
+    _RUNS.finished_at,
+    _text(_RUNS.outcome),
+    _text(_RUNS.error),
+)
+
+
+async def _status(conn: AsyncConnection, run_id: str) -> str | None:
+    status = await conn.scalar(sa.select(_RUNS.status).where(_RUNS.run_id == run_id))
+    return str(status) if status is not None else None
+
+
+def _insert_ignoring_duplicates(conn: AsyncConnection) -> sa.Insert:
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(_RUNS).on_conflict_do_nothing(index_elements=["run_id"])
+    return sqlite.insert(_RUNS).on_conflict_do_nothing(index_elements=["run_id"])
+
+
+# --- checks --------------------------------------------------------------------------------
+
+
+def _check_run_id(run_id: str) -> None:
+    _check_text("run_id", run_id, _RUN_ID_MAX, required=True)
+
+
+def _check_text(name: str, value: str | None, limit: int, *, required: bool = False) -> None:
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or not value or len(value) > limit:
+        raise AgentError.config(f"{name} must be a non-empty string of at most {limit} characters")
+
+
+def _json_args(run_id: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        data = to_jsonable_python(dict(args))
+    except (PydanticSerializationError, TypeError, ValueError) as error:
+        raise AgentError.config(
+            f"run {run_id!r}: the job arguments are not JSON: {error}"
+        ) from error
+    if not isinstance(data, dict):
+        raise AgentError.config(f"run {run_id!r}: the job arguments must be a JSON object")
+    return data
+
+
+def _check_decisions(run_id: str, state: RunState, decisions: list[ApprovalDecision]) -> None:
+    awaiting = [p.call.id for p in state.awaiting()]
+    waiting = ", ".join(awaiting) if awaiting else "none"
+    seen: set[str] = set()
+    unknown: list[str] = []
+    twice: list[str] = []
+    for decision in decisions:
+        if decision.call_id not in awaiting:
+            unknown.append(decision.call_id)
+        elif decision.call_id in seen:
+            twice.append(decision.call_id)
+        seen.add(decision.call_id)
+    if unknown:
+        raise AgentError(
+            ErrorKind.CONFLICT,
+            f"run {run_id!r}: no call awaits approval with id {', '.join(unknown)}; "
+            f"awaiting: {waiting}",
+        )
+    if twice:
+        raise AgentError(
+            ErrorKind.CONFLICT,
+            f"run {run_id!r}: more than one decision for {', '.join(twice)}; "
+            f"give one decision per call (awaiting: {waiting})",
+        )
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def _not_found(run_id: str) -> AgentError:
+    return AgentError(ErrorKind.NOT_FOUND, f"no run {run_id!r}")
+
+
+def _not_paused(run_id: str, status: str) -> AgentError:
+    return AgentError(ErrorKind.CONFLICT, f"run {run_id} is {status}, not awaiting approval")
+
+
+def _conflict(run_id: str, status: str, action: str) -> AgentError:
+    return AgentError(ErrorKind.CONFLICT, f"run {run_id} is {status}: cannot {action}")
+
+
+def _decode_error(run_id: str, column: str, problem: str) -> AgentError:
+    return AgentError(
+        ErrorKind.DECODE, f"run {run_id!r}: the stored {column} does not decode: {problem}"
+    )
+
+
+# --- decoding ------------------------------------------------------------------------------
+
+_SUMMARY: Final = TypeAdapter(OutcomeSummary)
+_ERROR: Final = TypeAdapter(ErrorInfo)
+_STATE: Final = TypeAdapter(RunState)
+_DECISIONS: Final = TypeAdapter(list[ApprovalDecision])
+_ARGS: Final = TypeAdapter(dict[str, Any])
+
+
+def _decode(run_id: str, column: str, text: str | None, adapter: TypeAdapter[T]) -> T | None:
+    """A stored JSON value (SQL ``NULL`` or JSON ``null``: ``None``), or a DECODE error."""
+    if text is None or text.strip() == "null":
+        return None
+    try:
+        return adapter.validate_json(text)
+    except ValidationError as error:
+        raise _decode_error(run_id, column, _describe(error)) from error
+
+
+def _record(row: sa.RowMapping) -> RunRecord:
+    run_id = str(row["run_id"])
+    try:
+        status = RunStatus(row["status"])
+    except ValueError as error:
+        raise _decode_error(run_id, "status", f"unknown status {row['status']!r}") from error
+    outcome = _decode(run_id, "outcome", row["outcome"], _SUMMARY)
+    awaiting = (
+        list(outcome.awaiting)
+        if outcome is not None and status is RunStatus.AWAITING_APPROVAL
+        else []
+    )
+    return RunRecord(
+        run_id=run_id,
+        status=status,
+        origin=row["origin"],
+        session_id=row["session_id"],
+        memory_scope=row["memory_scope"],
+        progress_pct=row["progress_pct"],
+        progress_message=row["progress_message"],
+        attempt=row["attempt"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        outcome=outcome,
+        error=_decode(run_id, "error", row["error"], _ERROR),
+        awaiting=awaiting,
+    )
+
+
+def _decode_entry(run_id: str, seq: int, kind: str, payload: str | None) -> JournalEntry:
+    where = f"checkpoint {seq} ({kind})"
+    try:
+        data = json.loads(payload or "")
+        if not isinstance(data, dict):
+            raise ValueError("the payload is not a JSON object")
+        return journal_entry_adapter.validate_python({**data, "kind": kind})
+    except ValidationError as error:
+        raise _decode_error(run_id, where, _describe(error)) from error
+    except ValueError as error:
+        raise _decode_error(run_id, where, str(error)) from error
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in first["loc"])
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{where or 'value'}: {first['msg']}{more}"
