@@ -20,11 +20,10 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from pydantic import JsonValue
 
-from agent_plugin import sessions
 from agent_plugin.budget import Budget, estimate_message, truncate_history
 from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
@@ -104,7 +103,6 @@ from agent_plugin.providers.base import (
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.redaction import redact
 from agent_plugin.rounds import ToolRound
-from agent_plugin.sessions import Compaction, SessionStore, SessionTurn
 from agent_plugin.skills import LoadSkillTool, Skill, skills_index
 from agent_plugin.steering import Steering
 from agent_plugin.tools import (
@@ -112,6 +110,9 @@ from agent_plugin.tools import (
     ToolRegistry,
     error_payload,
 )
+
+if TYPE_CHECKING:  # sessions load with the first session run, not with the core
+    from agent_plugin.sessions import Compaction, SessionStore, SessionTurn
 
 __all__ = ["Agent", "EventSink"]
 
@@ -353,6 +354,8 @@ class Agent:
         Long sessions are compacted first when the agent has ``compaction``; the turn is saved
         unless the run paused.
         """
+        from agent_plugin import sessions
+
         return await sessions.run_in_session(
             self,
             store,
@@ -378,6 +381,8 @@ class Agent:
         journal: RunJournal | None = None,
     ) -> SessionTurn:
         """Resume a run paused in a session and save the finished turn."""
+        from agent_plugin import sessions
+
         return await sessions.resume_in_session(
             self,
             store,

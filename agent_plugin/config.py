@@ -46,12 +46,17 @@ __all__ = [
     "PROFILE_ENV",
     "AgentSettings",
     "ProviderName",
+    "SessionLockPolicy",
     "mask_url",
     "parse_provider",
 ]
 
 ProviderName = Literal["openai-compatible", "anthropic", "scripted"]
 """The canonical provider names."""
+
+SessionLockPolicy = Literal["queue", "reject"]
+"""What a background run does when another run holds its session: wait its turn, or refuse
+(409 when it is enqueued)."""
 
 ENV_PREFIX: Final = "AGENT_"
 API_KEY_ENV: Final = "AGENT_API_KEY"
@@ -107,6 +112,7 @@ _ACCEPTED: Final[dict[str, str]] = {
     "database_url": "an SQLAlchemy URL such as sqlite+aiosqlite:///./agent.db",
     "route_prefix": "a path that starts with '/' and does not end with '/', such as /agent",
     "health_path": "a path that starts with '/' and does not end with '/', such as /health",
+    "session_lock": "queue or reject",
 }
 
 
@@ -199,6 +205,10 @@ class AgentSettings(BaseSettings):
     database_url: str = "sqlite+aiosqlite:///./agent.db"
     route_prefix: str = "/agent"
     health_path: str = "/health"
+    session_lock: SessionLockPolicy = Field(
+        default="queue",
+        description="A background run for a busy session: wait its turn (queue) or 409 (reject).",
+    )
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -250,6 +260,13 @@ class AgentSettings(BaseSettings):
                 f"must be an SQLAlchemy URL like dialect+driver://..., got {mask_url(value)!r}"
             )
         return value
+
+    @field_validator("session_lock", mode="before")
+    @classmethod
+    def _normalise_session_lock(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in ("queue", "reject"):
+            return value.strip().lower()
+        raise ValueError(f"must be queue or reject, got {value!r}")
 
     @field_validator("route_prefix", "health_path")
     @classmethod

@@ -29,8 +29,11 @@ migrate``" when the schema is not at the newest revision, because production sch
 belong to a deploy step, not to every replica's boot. ``auto_migrate=True``/``False`` forces
 either behaviour.
 
-**Routes** (:meth:`AgentPlugin.install`): ``GET {route_prefix}/tools`` lists the tools, behind the
-``dependencies`` given to ``install`` (your auth); the health routes of
+**Routes** (:meth:`AgentPlugin.install`): ``GET {route_prefix}/tools`` lists the tools, and with
+background runs on, ``GET {route_prefix}/runs/{run_id}`` reports a run and
+``POST {route_prefix}/runs/{run_id}/decisions`` resumes a paused one (see :meth:`AgentPlugin.router`
+and :mod:`agent_plugin.jobs`), all behind the ``dependencies`` given to ``install`` (your auth);
+the health routes of
 :mod:`agent_plugin.health` at ``health_path`` (not added when the app already has a route there:
 include ``plugin.health.check`` in yours). The layout (prefix, health path) is read from the
 settings when ``install`` runs; a settings error found then is raised at startup, so every
@@ -63,13 +66,14 @@ import math
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias, Unpack
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Request
 from fastapi.params import Depends as DependsParam
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from agent_plugin.agent import Agent
 from agent_plugin.config import AgentSettings
@@ -87,7 +91,14 @@ from agent_plugin.skills import Skill, load_skills
 from agent_plugin.tools import Tool, ToolEffect, ToolRegistry
 
 if TYPE_CHECKING:
-    from agent_plugin.storage import Database
+    from agent_plugin.jobs import (
+        AgentRunArgs,
+        JobOptions,
+        RunFields,
+        RunHandle,
+        RunQueue,
+    )
+    from agent_plugin.storage import Database, RunRecord
 
 __all__ = [
     "PROBLEM_TYPE_PREFIX",
@@ -161,6 +172,8 @@ class AgentRuntime:
         self.heartbeat = heartbeat
         self.followups = followups
         self.database = database
+        self.jobs: RunQueue | None = None
+        """Background runs (:mod:`agent_plugin.jobs`); ``None`` when they are off."""
         self._owns_client = owns_client
         self._tasks: set[asyncio.Task[Any]] = set()
         self._default_agent: Agent | None = None
@@ -185,15 +198,42 @@ class AgentRuntime:
             return self._default_agent
         return self._build_agent(scope)
 
-    def _build_agent(self, scope: str) -> Agent:
+    def agent_with(
+        self,
+        scope: str | None = None,
+        *,
+        system_prompt: str | None = None,
+        max_steps: int | None = None,
+        hooks: Sequence[AgentHooks] = (),
+    ) -> Agent:
+        """A fresh agent like :meth:`agent`, with this run's overrides.
+
+        ``system_prompt`` and ``max_steps`` replace the settings when given; ``hooks`` run
+        after the plugin's own. Background runs build their agents here.
+        """
+        return self._build_agent(
+            scope or DEFAULT_SCOPE,
+            system_prompt=system_prompt,
+            max_steps=max_steps,
+            hooks=hooks,
+        )
+
+    def _build_agent(
+        self,
+        scope: str,
+        *,
+        system_prompt: str | None = None,
+        max_steps: int | None = None,
+        hooks: Sequence[AgentHooks] = (),
+    ) -> Agent:
         settings = self.settings
         return Agent(
             self.client,
             tools=self.tools,
-            system_prompt=settings.system_prompt,
-            max_steps=settings.max_steps,
+            system_prompt=system_prompt if system_prompt is not None else settings.system_prompt,
+            max_steps=max_steps if max_steps is not None else settings.max_steps,
             max_tokens=settings.max_tokens,
-            hooks=self.hooks,
+            hooks=[*self.hooks, *hooks],
             policy=self.policy,
             max_duration=settings.max_run_secs,
             memory=self.memory_store,
@@ -213,7 +253,8 @@ class AgentRuntime:
         return task
 
     async def aclose(self) -> None:
-        """Cancel tracked tasks, dispose the database, close the client the plugin built."""
+        """Cancel tracked tasks, close Redis, dispose the database, close the client the
+        plugin built."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -221,6 +262,9 @@ class AgentRuntime:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         try:
+            if self.jobs is not None:
+                with contextlib.suppress(Exception):
+                    await self.jobs.aclose()
             if self.database is not None:
                 await self.database.dispose()
         finally:
@@ -252,6 +296,10 @@ class AgentPlugin:
     * ``health``: the :class:`AgentHealth` component (to tune its cache and time limit).
     * ``delivery``, ``heartbeat``, ``followups``: kept on the runtime for the always-on
       features.
+    * ``jobs``: background runs on arq (:mod:`agent_plugin.jobs`): ``None`` (the default) turns
+      them on when the plugin uses its SQL database anyway (the default stores), ``True`` or a
+      :class:`~agent_plugin.jobs.JobOptions` turns them on (opening ``database_url`` for the
+      run records even with in-memory stores), ``False`` turns them off.
     """
 
     def __init__(
@@ -273,6 +321,7 @@ class AgentPlugin:
         config_file: str | Path | None = None,
         auto_migrate: bool | None = None,
         health: AgentHealth | None = None,
+        jobs: JobOptions | bool | None = None,
     ) -> None:
         self._tools: list[Tool] = list(tools)
         self._hooks: list[AgentHooks] = list(hooks)
@@ -295,6 +344,8 @@ class AgentPlugin:
         self._overrides: dict[str, Any] = {}
         self._configurers: list[Configurer] = []
         self._runtimes: weakref.WeakKeyDictionary[Any, AgentRuntime] = weakref.WeakKeyDictionary()
+        self._jobs = jobs
+        self._current: AgentRuntime | None = None
 
     def __repr__(self) -> str:
         names = sorted(getattr(t, "name", "?") for t in self._tools)
@@ -412,7 +463,7 @@ class AgentPlugin:
             if database is not None:
                 await self._prepare(database)
             session_store, memory_store = self._stores_for(database)
-            return AgentRuntime(
+            runtime = AgentRuntime(
                 settings=settings,
                 client=client,
                 tools=self._tools,
@@ -428,6 +479,13 @@ class AgentPlugin:
                 database=database,
                 owns_client=owns_client,
             )
+            options = self.job_options()
+            if options is not None and database is not None:
+                from agent_plugin.jobs import RunQueue
+                from agent_plugin.storage import SqlRunStore
+
+                runtime.jobs = RunQueue(runtime, SqlRunStore(database), options)
+            return runtime
         except BaseException:
             try:
                 if database is not None:
@@ -448,8 +506,20 @@ class AgentPlugin:
         api_key = settings.require_api_key(self._environ)
         return create_client(settings, api_key=api_key), True
 
-    def _needs_database(self) -> bool:
+    def _stores_need_database(self) -> bool:
         return self.session_store is None or self.memory_store == "sql"
+
+    def _needs_database(self) -> bool:
+        return self._stores_need_database() or self.job_options() is not None
+
+    def job_options(self) -> JobOptions | None:
+        """The background-run options, or ``None`` when background runs are off."""
+        option = self._jobs
+        if option is False or (option is None and not self._stores_need_database()):
+            return None
+        from agent_plugin.jobs import JobOptions
+
+        return option if isinstance(option, JobOptions) else JobOptions()
 
     def _database_for(self, settings: AgentSettings) -> Database | None:
         if not self._needs_database():
@@ -510,6 +580,7 @@ class AgentPlugin:
         runtime = await self.start()
         self._runtimes[app] = runtime
         app.state.agent_runtime = runtime
+        self._current = runtime
         self.health.attach(runtime.client, runtime.settings.provider)
         logger.info("agent plugin started: %r", runtime)
         try:
@@ -518,12 +589,91 @@ class AgentPlugin:
             self.health.detach(runtime.client)
             app.state.agent_runtime = None
             del self._runtimes[app]
+            if self._current is runtime:
+                self._current = None
             await runtime.aclose()
             logger.info("agent plugin stopped")
 
     def runtime(self, app: FastAPI) -> AgentRuntime | None:
         """The runtime running for ``app``, if it started."""
         return self._runtimes.get(app)
+
+    # --- background runs -----------------------------------------------------------------
+
+    def worker_settings(self, **overrides: Any) -> type[Any]:
+        """arq ``WorkerSettings`` that run this plugin's background jobs.
+
+        Put it in a module and start the standard arq CLI on it::
+
+            # yourapp/worker.py
+            from yourapp.main import plugin
+            WorkerSettings = plugin.worker_settings()
+
+            $ arq yourapp.worker.WorkerSettings
+
+        The worker's startup opens the same runtime as the app (settings, client, database,
+        stores) and its shutdown closes it. Redis comes from ``redis_url``; the queue, the
+        job timeout, retries and the result lifetime from the plugin's
+        :class:`~agent_plugin.jobs.JobOptions`. ``overrides`` set any other arq worker
+        setting. The settings are read when this is called: a bad configuration fails here.
+        """
+        options = self.job_options()
+        if options is None:
+            raise AgentError.config(
+                "background runs are off for this plugin (jobs=False, or in-memory stores "
+                "only): pass jobs=True to AgentPlugin to keep run records in database_url"
+            )
+        from agent_plugin.jobs import worker_settings
+
+        return worker_settings(self, options, **overrides)
+
+    async def start_worker(self) -> AgentRuntime:
+        """Start a runtime for an arq worker (the ``on_startup`` of :meth:`worker_settings`)."""
+        runtime = await self.start()
+        if runtime.jobs is None:
+            await runtime.aclose()
+            raise AgentError.config("background runs are off for this plugin: pass jobs=True")
+        if self._current is None:
+            self._current = runtime
+        return runtime
+
+    async def stop_worker(self, runtime: AgentRuntime) -> None:
+        """Close a runtime opened by :meth:`start_worker`."""
+        if self._current is runtime:
+            self._current = None
+        await runtime.aclose()
+
+    def _handle(self) -> AgentRuntimeHandle:
+        runtime = self._current
+        if runtime is None:
+            raise AgentError(ErrorKind.UNAVAILABLE, f"{NOT_INSTALLED} or has not started")
+        return AgentRuntimeHandle(runtime)
+
+    async def enqueue_run(self, args: AgentRunArgs | str, /, **fields: Unpack[RunFields]) -> str:
+        """:meth:`AgentRuntimeHandle.enqueue_run` on the running app's (or worker's) runtime."""
+        return await self._handle().enqueue_run(args, **fields)
+
+    async def enqueue_run_tracked(
+        self, args: AgentRunArgs | str, /, **fields: Unpack[RunFields]
+    ) -> RunHandle:
+        """:meth:`AgentRuntimeHandle.enqueue_run_tracked` on the running runtime."""
+        return await self._handle().enqueue_run_tracked(args, **fields)
+
+    async def enqueue_run_in(
+        self, delay: float | timedelta, args: AgentRunArgs | str, /, **fields: Unpack[RunFields]
+    ) -> str:
+        """:meth:`AgentRuntimeHandle.enqueue_run_in` on the running runtime."""
+        return await self._handle().enqueue_run_in(delay, args, **fields)
+
+    async def enqueue_resume(
+        self, run_id: str, decisions: Iterable[ApprovalDecision] = ()
+    ) -> RunHandle:
+        """:meth:`AgentRuntimeHandle.enqueue_resume` on the running runtime."""
+        return await self._handle().enqueue_resume(run_id, decisions)
+
+    async def run_status(self, run_id: str) -> RunRecord:
+        """:meth:`AgentRuntimeHandle.run_status` on the running runtime."""
+        return await self._handle().run_status(run_id)
 
     # --- installing ----------------------------------------------------------------------
 
@@ -533,19 +683,21 @@ class AgentPlugin:
         *,
         dependencies: Sequence[DependsParam] = (),
         health_route: bool | None = None,
+        runs_route: bool = False,
     ) -> None:
         """Add the routes, the error handler and the health route; wrap the app's lifespan.
 
         ``dependencies`` (e.g. ``[Depends(require_user)]``) guard the agent routes; the
         health routes stay open. ``health_route=None`` adds them unless the app already has a
-        route at the health path.
+        route at the health path. ``runs_route=True`` adds ``POST {prefix}/runs`` (see
+        :meth:`router`).
         """
         if getattr(app.state, "agent_plugin", None) is not None:
             raise AgentError.config("an agent plugin is already installed in this app")
         app.state.agent_plugin = self
         prefix, health_path = self._layout()
         app.add_exception_handler(AgentError, agent_error_handler)
-        app.include_router(self.router(prefix, dependencies=dependencies))
+        app.include_router(self.router(prefix, dependencies=dependencies, runs_route=runs_route))
         if health_route is None:
             health_route = not any(
                 getattr(route, "path", None) == health_path for route in app.router.routes
@@ -571,9 +723,32 @@ class AgentPlugin:
         return settings.route_prefix, settings.health_path
 
     def router(
-        self, prefix: str = "/agent", *, dependencies: Sequence[DependsParam] = ()
+        self,
+        prefix: str = "/agent",
+        *,
+        dependencies: Sequence[DependsParam] = (),
+        runs_route: bool = False,
     ) -> APIRouter:
-        """The agent routes under ``prefix``: ``GET {prefix}/tools``."""
+        """The agent routes under ``prefix``, all behind ``dependencies``.
+
+        * ``GET {prefix}/tools``: the tools the agent offers the model.
+
+        With background runs on (:meth:`job_options`):
+
+        * ``GET {prefix}/runs/{run_id}``: the run's record (status, progress, outcome summary,
+          typed error, calls awaiting approval); 404 for an unknown id.
+        * ``POST {prefix}/runs/{run_id}/decisions``: a JSON list of
+          ``{"call_id": ..., "approval": {"verdict": "approve" | "edit" | "reject", ...}}`` for
+          a paused run; 202 with the run's handle, the resume queued. 409 when the run is not
+          paused, a decision names a call that does not await approval, or the pause was
+          decided already.
+        * ``POST {prefix}/runs`` (only with ``runs_route=True``): ``{"prompt", "session"?}``
+          starts a tracked run; 202 with the handle (``Location``: the status path).
+
+        Run ids are unguessable (128 random bits), but every caller that passes
+        ``dependencies`` can read any run it knows the id of: scope the ids per user in your
+        own routes if users must not share them.
+        """
         router = APIRouter(prefix=prefix, tags=["agent"], dependencies=list(dependencies))
 
         @router.get(
@@ -585,7 +760,70 @@ class AgentPlugin:
         async def list_agent_tools(agent: AgentHandle) -> list[ToolInfo]:
             return [ToolInfo.of(t) for t in agent.agent().tools]
 
+        if self.job_options() is not None:
+            _add_run_routes(router, runs_route=runs_route)
         return router
+
+
+class RunRequest(BaseModel):
+    """The body of ``POST {prefix}/runs``: a task to run in the background."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=32_000, examples=["Summarise today's tickets"])
+    session: str | None = Field(default=None, min_length=1, max_length=255)
+
+
+def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
+    """The run routes of :meth:`AgentPlugin.router`."""
+    from agent_plugin.jobs import RunHandle
+    from agent_plugin.storage.runs import RunRecord
+
+    problems: dict[int | str, dict[str, Any]] = {
+        404: {"description": "No such run (problem details)"},
+        409: {"description": "The run is not paused, or a decision is not accepted"},
+        503: {"description": "Redis or the database is unreachable, or the plugin is not running"},
+    }
+
+    @router.get(
+        "/runs/{run_id}",
+        response_model=RunRecord,
+        summary="A background run's status, progress and outcome",
+        responses={404: problems[404], 503: problems[503]},
+    )
+    async def get_run(run_id: str, agent: AgentHandle) -> Any:
+        return await agent.run_status(run_id)
+
+    @router.post(
+        "/runs/{run_id}/decisions",
+        status_code=202,
+        response_model=RunHandle,
+        summary="Approve, edit or reject the calls a paused run waits on, and resume it",
+        responses=problems,
+    )
+    async def decide_run(
+        run_id: str,
+        decisions: Annotated[list[ApprovalDecision], Body()],
+        agent: AgentHandle,
+        response: Response,
+    ) -> Any:
+        handle = await agent.enqueue_resume(run_id, decisions)
+        response.headers["location"] = handle.status_path
+        return handle
+
+    if runs_route:
+
+        @router.post(
+            "/runs",
+            status_code=202,
+            response_model=RunHandle,
+            summary="Start a tracked background run",
+            responses={409: problems[409], 503: problems[503]},
+        )
+        async def start_run(body: RunRequest, agent: AgentHandle, response: Response) -> Any:
+            handle = await agent.enqueue_run_tracked(body.prompt, session=body.session)
+            response.headers["location"] = handle.status_path
+            return handle
 
 
 def _newest_revision() -> str | None:
@@ -626,7 +864,9 @@ class AgentRuntimeHandle:
     ``run`` is one task; ``chat`` continues a session (saved in the session store) and
     ``chat_as`` does so with the memory of ``scope`` (one per user or tenant); ``resume`` and
     ``resume_as`` continue a run paused for approval, keeping its run id and saving to its
-    session when it ran in one; ``stream`` answers with Server-Sent Events.
+    session when it ran in one; ``stream`` answers with Server-Sent Events. ``enqueue_run``,
+    ``enqueue_run_tracked``, ``enqueue_run_in`` and ``enqueue_resume`` queue background runs
+    for an arq worker, and ``run_status`` reads their records (:mod:`agent_plugin.jobs`).
     """
 
     def __init__(self, runtime: AgentRuntime) -> None:
@@ -677,6 +917,65 @@ class AgentRuntimeHandle:
             turn = await resume_in_session(agent, self.runtime.session_store, state, decisions)
             return turn.outcome
         return (await agent.resume(state, decisions)).outcome
+
+    # --- background runs -----------------------------------------------------------------
+
+    @property
+    def jobs(self) -> RunQueue:
+        """The runtime's background-run queue; a ``config`` error when background runs are off."""
+        jobs = self.runtime.jobs
+        if jobs is None:
+            raise AgentError.config(
+                "background runs are off for this plugin (jobs=False, or in-memory stores "
+                "only): pass jobs=True to AgentPlugin"
+            )
+        return jobs
+
+    async def enqueue_run(self, args: AgentRunArgs | str, /, **fields: Unpack[RunFields]) -> str:
+        """Queue a background run and return its id (see :meth:`enqueue_run_tracked`)."""
+        return (await self.enqueue_run_tracked(args, **fields)).run_id
+
+    async def enqueue_run_tracked(
+        self, args: AgentRunArgs | str, /, **fields: Unpack[RunFields]
+    ) -> RunHandle:
+        """Queue a background run; answer its id and the path that reports its status.
+
+        ``args`` is an :class:`~agent_plugin.jobs.AgentRunArgs` or a prompt; ``fields`` set
+        the other arguments (``session``, ``memory_scope``, ``system_prompt``, ``max_steps``,
+        ``run_id``, ...). The run's record exists (``queued``) before its job reaches Redis;
+        the same ``run_id`` twice is a no-op. Fails with ``unavailable`` when Redis cannot be
+        reached, and ``conflict`` for a busy session under ``session_lock = "reject"``.
+        """
+        from agent_plugin.jobs import run_args
+
+        return await self.jobs.enqueue(run_args(args, **fields))
+
+    async def enqueue_run_in(
+        self, delay: float | timedelta, args: AgentRunArgs | str, /, **fields: Unpack[RunFields]
+    ) -> str:
+        """:meth:`enqueue_run`, starting ``delay`` (seconds or a timedelta) from now."""
+        from agent_plugin.jobs import run_args
+
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise AgentError.config(f"a run's delay must be 0 seconds or more, got {delay!r}")
+        handle = await self.jobs.enqueue(run_args(args, **fields), defer=seconds)
+        return handle.run_id
+
+    async def enqueue_resume(
+        self, run_id: str, decisions: Iterable[ApprovalDecision] = ()
+    ) -> RunHandle:
+        """Accept reviewers' decisions for a paused background run and queue its resume.
+
+        The paused state stays in the run's record; ``conflict`` when the run is not paused,
+        a decision names a call that does not await approval, or the pause was decided
+        already; ``not_found`` for an unknown run.
+        """
+        return await self.jobs.enqueue_resume(run_id, list(decisions))
+
+    async def run_status(self, run_id: str) -> RunRecord:
+        """The record of a background run; ``not_found`` for an unknown id."""
+        return await self.jobs.get(run_id)
 
     def stream(
         self,

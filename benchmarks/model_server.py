@@ -311,6 +311,8 @@ _CHAT_PATHS: Final = frozenset({b"/v1/chat/completions", b"/chat/completions", b
 
 class _Stats:
     requests = 0
+    connections = 0
+    bytes_in = 0  # request bodies
 
 
 class _Connection(asyncio.Protocol):
@@ -326,6 +328,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        _Stats.connections += 1
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
@@ -352,6 +355,7 @@ class _Connection(asyncio.Protocol):
 
     def _request(self, head: bytes, body: bytes) -> None:
         _Stats.requests += 1
+        _Stats.bytes_in += len(body)
         method, path, _ = head[: head.find(b"\r\n")].split(b" ", 2)
         close = b"\r\nconnection: close" in head.lower()
         if method == b"POST" and path in _CHAT_PATHS:
@@ -363,7 +367,13 @@ class _Connection(asyncio.Protocol):
                 return
         elif method == b"GET" and path == b"/stats":
             usage = resource.getrusage(resource.RUSAGE_SELF)  # µs resolution (os.times: 10 ms)
-            stats = {"user": usage.ru_utime, "system": usage.ru_stime, "requests": _Stats.requests}
+            stats = {
+                "user": usage.ru_utime,
+                "system": usage.ru_stime,
+                "requests": _Stats.requests,
+                "connections": _Stats.connections,
+                "bytes_in": _Stats.bytes_in,
+            }
             response = _response(b"200 OK", b"application/json", _dumps(stats).encode())
         elif method == b"GET" and path in (b"/v1/models", b"/models"):
             response = _MODELS
@@ -409,11 +419,14 @@ def pin_to(cpu: int | None) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ServerStats:
-    """CPU seconds the server process has used (user and kernel) and requests it has served."""
+    """CPU seconds the server process has used (user and kernel), requests it has served,
+    connections it has accepted and request-body bytes it has read."""
 
     user: float
     system: float
     requests: int
+    connections: int
+    bytes_in: int
 
     @property
     def cpu(self) -> float:
@@ -437,14 +450,20 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def stats(self) -> ServerStats:
-        """The server's CPU time so far and the requests it has served (this one too)."""
+        """The server's counters so far (this request and its connection included)."""
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
             connection.request("GET", "/stats")
             data = json.loads(connection.getresponse().read())
         finally:
             connection.close()
-        return ServerStats(float(data["user"]), float(data["system"]), int(data["requests"]))
+        return ServerStats(
+            float(data["user"]),
+            float(data["system"]),
+            int(data["requests"]),
+            int(data["connections"]),
+            int(data["bytes_in"]),
+        )
 
     def close(self) -> None:
         if self._process.poll() is None:

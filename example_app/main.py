@@ -19,7 +19,11 @@ Routes (all documented at ``/docs``):
   ``POST /approvals/{run_id}`` with ``{"approve": true}`` (or ``false`` and a ``reason``)
   resumes it. The paused run's state stays on the server; the client only names it;
 * ``GET /outbox`` shows the messages sent; ``GET /agent/tools`` lists the tools;
-  ``GET /health`` reports the model provider, ``GET /health/ready`` readiness.
+  ``GET /health`` reports the model provider, ``GET /health/ready`` readiness;
+* background runs (with Redis and a worker, ``arq example_app.worker.WorkerSettings``):
+  ``POST /agent/runs`` with ``{"prompt": ...}`` queues a run and answers 202 with its
+  ``status_path``; ``GET /agent/runs/{run_id}`` reports it; a run that waits for approval is
+  resumed with ``POST /agent/runs/{run_id}/decisions``.
 
 By default the model is scripted (``provider = "scripted"`` in ``example_app/agent.toml``): its
 replies are a function of the conversation, so any prompt leads to a tool call and an answer
@@ -369,7 +373,7 @@ app = FastAPI(
     summary="An agent with a weather tool and a message tool that needs approval.",
     lifespan=lifespan,
 )
-plugin.install(app)
+plugin.install(app, runs_route=True)
 
 
 @app.post("/ask", response_model=Answer, tags=["demo"])

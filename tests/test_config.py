@@ -144,6 +144,7 @@ def test_full_section_parses(tmp_path: Path) -> None:
         database_url = "postgresql+asyncpg://agent@db.example.com/agent"
         route_prefix = "/api/agent"
         health_path = "/healthz"
+        session_lock = "reject"
         """,
     )
     settings = load(path)
@@ -161,6 +162,7 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "database_url": "postgresql+asyncpg://agent@db.example.com/agent",
         "route_prefix": "/api/agent",
         "health_path": "/healthz",
+        "session_lock": "reject",
     }
     assert settings.resolved_model() == "claude-opus-4-1"
     assert settings.resolved_base_url() == "https://proxy.example.com"
@@ -366,6 +368,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         AGENT_DATABASE_URL="sqlite+aiosqlite:///:memory:",
         AGENT_ROUTE_PREFIX="/bot",
         AGENT_HEALTH_PATH="/status",
+        AGENT_SESSION_LOCK="reject",
     )
     assert settings.model_dump() == {
         "provider": "anthropic",
@@ -381,6 +384,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "database_url": "sqlite+aiosqlite:///:memory:",
         "route_prefix": "/bot",
         "health_path": "/status",
+        "session_lock": "reject",
     }
 
 
@@ -657,6 +661,16 @@ def test_invalid_url_errors_do_not_echo_passwords() -> None:
 )
 def test_mask_url(url: str, masked: str) -> None:
     assert mask_url(url) == masked
+
+
+def test_session_lock_policy_is_queue_or_reject(tmp_path: Path) -> None:
+    assert load().session_lock == "queue"
+    assert load(write(tmp_path, '[agent]\nsession_lock = "reject"\n')).session_lock == "reject"
+    assert load(AGENT_SESSION_LOCK=" Reject ").session_lock == "reject"
+    message = config_error(AGENT_SESSION_LOCK="wait")
+    assert "AGENT_SESSION_LOCK" in message
+    assert "queue or reject" in message
+    assert "'session_lock'" in config_error(write(tmp_path, "[agent]\nsession_lock = 1\n"))
 
 
 # --- the documented example ----------------------------------------------------------------

@@ -6,7 +6,9 @@
 - :class:`ScriptedModel` — a deterministic local model for tests and demos.
 """
 
-from agent_plugin.providers.anthropic import AnthropicClient
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from agent_plugin.providers.base import (
     ChatRequest,
     ChatResponse,
@@ -18,9 +20,26 @@ from agent_plugin.providers.base import (
     ToolCallArgumentsDelta,
     ToolCallStarted,
 )
-from agent_plugin.providers.openai import OpenAICompatibleClient
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
+
+if TYPE_CHECKING:
+    from agent_plugin.providers.anthropic import AnthropicClient
+    from agent_plugin.providers.openai import OpenAICompatibleClient
+
+# the wire clients (and httpx) load on first use, not with the core
+_LAZY = {
+    "AnthropicClient": "agent_plugin.providers.anthropic",
+    "OpenAICompatibleClient": "agent_plugin.providers.openai",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agent_plugin.providers' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
 
 __all__ = [
     "AnthropicClient",

@@ -1,0 +1,1073 @@
+"""Background runs on arq: the ``agent_run`` and ``agent_resume`` jobs, tracked run records,
+approvals over HTTP, step checkpoints and one writer per session [SPEC §6].
+
+An app enqueues a run and answers at once; a worker (the standard arq CLI) runs it::
+
+    handle = await agent.enqueue_run_tracked("Summarise the open tickets", session="ops")
+    # -> RunHandle(run_id="run_…", status_path="/agent/runs/run_…")
+
+    $ arq yourapp.worker.WorkerSettings      # WorkerSettings = plugin.worker_settings()
+
+**Records.** Every run has a row in the database (:class:`~agent_plugin.storage.SqlRunStore`)
+before its job reaches Redis, so ``GET {prefix}/runs/{run_id}`` answers at once and long after
+arq forgot the job: ``queued``, ``in_progress`` (with ``step N of M`` progress [AP-49]),
+``awaiting_approval`` (with the calls that wait), ``complete`` (with the outcome summary),
+``failed`` (with the typed error) or ``cancelled``. The run id (128 random bits) is minted when
+the :class:`AgentRunArgs` are built and is the arq job id, so enqueueing a run twice is a no-op
+and every retry keeps its id [AP-47, AP-48]. The job payload in Redis is only the run id: the
+prompt and the overrides stay in the database, and out of arq's log lines.
+
+**Checkpoints** [HV-01]. A run writes its journal (:mod:`agent_plugin.journal`) to the database
+as it goes: every model reply with the policy's verdicts, every tool result. A delivery that
+finds a journal (a retry, or a worker that died) continues from it: recorded replies are not
+asked for again and finished calls never run again. Only the call in flight when a worker died
+runs a second time, with the same ``run_id`` and ``call_id`` so the tool can deduplicate it.
+
+**Crashed workers.** While a job runs, its worker keeps arq's in-progress key of the job alive
+for :attr:`JobOptions.lease` seconds at a time. A worker that dies stops renewing it, and any
+worker picks the job up again within the lease (not after arq's whole job timeout).
+
+**Retries.** ``agent_run`` retries retryable failures (RateLimited, Unavailable, Transport) up
+to :attr:`JobOptions.max_attempts` attempts with exponential backoff that honours the
+provider's ``Retry-After``; any other error fails the run at once. ``agent_resume`` never
+retries an error: approved calls may act on the world [AP-47]. Both continue from their
+checkpoints after a crash, which never repeats a finished call.
+
+**Sessions.** A run in a session holds a Redis lock for the session (``SET NX PX``, renewed while
+the run goes on, released at the end, expiring on its own if the worker dies). The
+``session_lock`` setting picks what a second run for a busy session does: ``queue`` (it waits
+its turn) or ``reject`` (enqueueing it answers 409).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import random
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict, Unpack, cast
+
+import sqlalchemy as sa
+from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.constants import in_progress_key_prefix
+from arq.worker import Retry, func
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.asyncio.retry import Retry as RedisRetry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import RedisError
+
+from agent_plugin.agent import Agent
+from agent_plugin.config import mask_url
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.hooks import AgentHooks, RunControl
+from agent_plugin.ids import new_run_id
+from agent_plugin.journal import JournalEntry, RunJournal, Started, recover
+from agent_plugin.outcomes import (
+    AgentOutcome,
+    ApprovalDecision,
+    AwaitingApproval,
+    RunInfo,
+    RunState,
+)
+from agent_plugin.providers.base import ChatRequest
+from agent_plugin.redaction import redact_text, scrub
+from agent_plugin.sessions import MessageEntry, resume_in_session, run_in_session
+from agent_plugin.storage.models import RunRow
+from agent_plugin.storage.runs import RunRecord, RunStatus, SqlRunStore
+
+if TYPE_CHECKING:
+    from agent_plugin.plugin import AgentPlugin, AgentRuntime
+
+__all__ = [
+    "AGENT_RESUME",
+    "AGENT_RUN",
+    "AgentResumeArgs",
+    "AgentRunArgs",
+    "JobOptions",
+    "RunFields",
+    "RunHandle",
+    "RunOrigin",
+    "RunQueue",
+    "SessionLock",
+    "agent_resume",
+    "agent_run",
+    "progress_of",
+    "run_args",
+    "worker_settings",
+]
+
+logger = logging.getLogger("agent_plugin.jobs")
+
+AGENT_RUN: Final = "agent_run"
+"""The arq function name of a run."""
+AGENT_RESUME: Final = "agent_resume"
+"""The arq function name of a resume after approval."""
+
+RunOrigin: TypeAlias = Literal["request", "followup", "heartbeat"]
+"""Who started a run: an app request, an agent-booked follow-up, or a heartbeat tick."""
+
+_RUN_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+_RUNTIME_KEY: Final = "agent_runtime"
+
+
+# --- arguments ------------------------------------------------------------------------------
+
+
+class AgentRunArgs(BaseModel):
+    """What an ``agent_run`` job runs [reference §1.19].
+
+    Every field but ``prompt`` has a default, so old payloads still decode. ``run_id`` is
+    minted when the arguments are built (or decoded without one), and it is the arq job id:
+    the same arguments enqueued twice make one run, and a retry keeps the id tools see.
+    ``system_prompt`` and ``max_steps`` override the settings for this run; ``memory_scope``
+    ``None`` is the default scope ``"agent"``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    prompt: str = Field(min_length=1)
+    system_prompt: str | None = None
+    max_steps: int | None = Field(default=None, ge=1, le=1000)
+    session: str | None = Field(default=None, min_length=1, max_length=255)
+    memory_scope: str | None = Field(default=None, min_length=1, max_length=255)
+    deliver: bool = False
+    origin: RunOrigin = "request"
+    run_id: str = Field(default_factory=new_run_id, pattern=_RUN_ID_PATTERN)
+    followup_depth: int = Field(default=0, ge=0)
+
+
+class AgentResumeArgs(BaseModel):
+    """A resume of a paused run: the run and the reviewers' decisions.
+
+    The paused :class:`~agent_plugin.outcomes.RunState` never travels with them: it stays in
+    the run's record, so a client cannot forge one. The memory scope, overrides and session
+    come from the run's record too.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str = Field(pattern=_RUN_ID_PATTERN)
+    decisions: list[ApprovalDecision] = Field(default_factory=list)
+
+
+class RunFields(TypedDict, total=False):
+    """The optional fields of :class:`AgentRunArgs`, as keyword arguments of the enqueue API."""
+
+    system_prompt: str | None
+    max_steps: int | None
+    session: str | None
+    memory_scope: str | None
+    deliver: bool
+    origin: RunOrigin
+    run_id: str
+    followup_depth: int
+
+
+def run_args(args: AgentRunArgs | str, **fields: Unpack[RunFields]) -> AgentRunArgs:
+    """``args`` as given, or built from a prompt, with ``fields`` applied (validated).
+
+    Raises a ``config`` :class:`AgentError` naming the bad field.
+    """
+    try:
+        if isinstance(args, AgentRunArgs):
+            if not fields:
+                return args
+            return AgentRunArgs.model_validate({**args.model_dump(), **fields})
+        return AgentRunArgs.model_validate({"prompt": args, **fields})
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'args'}: {e['msg']}"
+            for e in error.errors(include_url=False)
+        )
+        raise AgentError.config(f"bad run arguments: {problems}") from None
+
+
+class RunHandle(BaseModel):
+    """What enqueueing a tracked run answers: its id and where to poll it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    status_path: str = Field(examples=["/agent/runs/run_0123456789abcdef0123456789abcdef"])
+
+
+# --- options --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """How background runs are queued and run; the app and its workers must agree on them.
+
+    * ``queue_name``: the arq queue (Redis sorted set) of the agent's jobs.
+    * ``job_timeout``: seconds one delivery of a job may take, waiting for its session
+      included; ``None``: ``max_run_secs + 60`` when that is set, else 1800.
+    * ``max_attempts``: attempts of a run that fails with a retryable error [AP-47].
+    * ``retry_backoff``: seconds before the first retry; doubled for each later one (with
+      jitter), never less than the provider's ``Retry-After``, at most ``max_backoff``.
+    * ``max_deliveries``: how many times a job may be started, restarts after a crashed
+      worker included, before its run is failed as "interrupted too often".
+    * ``lease``: seconds a job's claim (and its session lock) lives without renewal: how soon
+      another worker continues the run of a worker that died.
+    * ``keep_result``: seconds arq keeps a job's (small) result; the run record stays.
+    * ``max_jobs``, ``poll_delay``: the worker's concurrency and queue polling interval.
+    * ``key_prefix``: prefix of the plugin's own Redis keys (session locks, retry counters).
+    """
+
+    queue_name: str = "arq:queue"
+    job_timeout: float | None = None
+    max_attempts: int = 3
+    retry_backoff: float = 1.0
+    max_backoff: float = 60.0
+    max_deliveries: int = 20
+    lease: float = 15.0
+    keep_result: float = 3600.0
+    max_jobs: int = 10
+    poll_delay: float = 0.5
+    key_prefix: str = "agent:"
+
+    def __post_init__(self) -> None:
+        checks = {
+            "max_attempts": self.max_attempts >= 1,
+            "max_deliveries": self.max_deliveries >= 1,
+            "max_jobs": self.max_jobs >= 1,
+            "lease": self.lease >= 0.3,
+            "retry_backoff": self.retry_backoff >= 0,
+            "max_backoff": self.max_backoff >= 0,
+            "keep_result": self.keep_result >= 0,
+            "poll_delay": self.poll_delay > 0,
+            "job_timeout": self.job_timeout is None or self.job_timeout > 0,
+            "queue_name": bool(self.queue_name.strip()),
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise AgentError.config(f"bad JobOptions: {', '.join(bad)} out of range")
+
+    def timeout_for(self, max_run_secs: int | None) -> float:
+        """The job timeout in seconds, resolved against the ``max_run_secs`` setting."""
+        if self.job_timeout is not None:
+            return self.job_timeout
+        return float(max_run_secs + 60) if max_run_secs is not None else 1800.0
+
+    def backoff(self, retry: int, retry_after: float | None) -> float:
+        """Seconds before retry number ``retry`` (1, 2, ...)."""
+        base = self.retry_backoff * 2.0 ** (retry - 1)
+        delay = base * random.uniform(0.5, 1.0)
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        return min(delay, self.max_backoff)
+
+
+# --- redis ----------------------------------------------------------------------------------
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), default=str).encode()
+
+
+def _loads(data: bytes) -> Any:
+    return json.loads(data)
+
+
+def redis_settings(url: str, *, worker: bool) -> RedisSettings:
+    """arq's connection settings for ``url``.
+
+    A worker keeps trying through a Redis restart (about 15 s); an app gives up after a few
+    fast tries, so a request fails quickly with a clear error instead.
+    """
+    settings = RedisSettings.from_dsn(url)
+    if worker:
+        retry = RedisRetry(ExponentialBackoff(cap=1.0, base=0.05), 20)
+        return dataclasses.replace(settings, retry=retry, conn_retries=10)
+    retry = RedisRetry(ExponentialBackoff(cap=0.2, base=0.05), 2)
+    return dataclasses.replace(settings, retry=retry, conn_retries=0)
+
+
+def _redis_error(url: str, error: BaseException) -> AgentError:
+    password = RedisSettings.from_dsn(url).password
+    detail = scrub(f"{type(error).__name__}: {error}", password)
+    return AgentError(
+        ErrorKind.UNAVAILABLE,
+        f"cannot reach Redis at {mask_url(url)} for background runs: {detail}",
+    )
+
+
+_CLAIM: Final = """
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  return 2
+end
+if holder then return 0 end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+_RENEW: Final = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE: Final = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+class SessionLock:
+    """One writer per session: a Redis key holding the id of the run that owns the session.
+
+    ``claim`` takes a free lock or renews one the same run already holds (a retried or
+    re-delivered run gets its own lock back at once); every hold expires after ``ttl``
+    seconds unless renewed, so a dead worker never blocks a session for long.
+    """
+
+    def __init__(self, redis: ArqRedis, session_id: str, run_id: str, *, prefix: str) -> None:
+        self.redis = redis
+        self.key = f"{prefix}session-lock:{session_id}"
+        self.session_id = session_id
+        self.run_id = run_id
+        self.held = False
+
+    def __repr__(self) -> str:
+        return f"SessionLock(session={self.session_id!r}, run={self.run_id!r}, held={self.held})"
+
+    async def claim(self, ttl: float) -> Literal[0, 1, 2]:
+        """0: another run holds it; 1: taken now; 2: this run held it already (renewed)."""
+        result = await self._eval(_CLAIM, str(_ms(ttl)))
+        self.held = self.held or result != 0
+        return 1 if result == 1 else 2 if result == 2 else 0
+
+    async def renew(self, ttl: float) -> bool:
+        """Extend a held lock; ``False`` if the lock is no longer this run's."""
+        kept = bool(await self._eval(_RENEW, str(_ms(ttl))))
+        self.held = kept
+        return kept
+
+    async def release(self) -> None:
+        """Give the lock up (only if this run holds it)."""
+        await self._eval(_RELEASE)
+        self.held = False
+
+    async def holder(self) -> str | None:
+        """The run that holds the lock now, if any."""
+        value = await self.redis.get(self.key)
+        return value.decode() if isinstance(value, bytes) else value
+
+    async def _eval(self, script: str, *args: str) -> int:
+        reply = self.redis.eval(script, 1, self.key, self.run_id, *args)
+        return int(await cast(Awaitable[Any], reply))
+
+    async def wait(
+        self,
+        ttl: float,
+        *,
+        free: Callable[[], Awaitable[bool]] | None = None,
+        poll_cap: float = 1.0,
+    ) -> None:
+        """Claim the lock, waiting with backoff while another run holds it.
+
+        ``free`` is asked before a claim: while it answers ``False`` the lock is not taken even
+        if nobody holds it (the run queue uses it to let a crashed run finish first). Bounded by
+        the caller's time limit (the job timeout); cancellation-safe.
+        """
+        delay = 0.05
+        while not ((free is None or await free()) and await self.claim(ttl)):
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, poll_cap)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+# --- the queue: enqueueing, status, the runtime's side --------------------------------------
+
+
+class RunQueue:
+    """The background-run side of one :class:`~agent_plugin.plugin.AgentRuntime`.
+
+    In an app it enqueues runs and resumes and reads their records; in a worker it runs them.
+    The Redis connection opens on first use (an app that never enqueues never needs Redis)
+    and a failure to reach Redis is an ``unavailable`` :class:`AgentError` naming the URL with
+    its password hidden.
+    """
+
+    def __init__(
+        self,
+        runtime: AgentRuntime,
+        store: SqlRunStore,
+        options: JobOptions | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.store = store
+        self.options = options or JobOptions()
+        self._redis: ArqRedis | None = None
+        self._owns_redis = False
+        self._connecting = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"RunQueue(redis={mask_url(self.redis_url)!r}, queue={self.options.queue_name!r})"
+
+    @property
+    def redis_url(self) -> str:
+        return self.runtime.settings.redis_url
+
+    @property
+    def job_timeout(self) -> float:
+        return self.options.timeout_for(self.runtime.settings.max_run_secs)
+
+    def status_path(self, run_id: str) -> str:
+        """Where ``GET`` answers the run's record: ``{route_prefix}/runs/{run_id}``."""
+        return f"{self.runtime.settings.route_prefix}/runs/{run_id}"
+
+    def handle(self, run_id: str) -> RunHandle:
+        return RunHandle(run_id=run_id, status_path=self.status_path(run_id))
+
+    # --- redis -----------------------------------------------------------------------------
+
+    def attach(self, redis: ArqRedis) -> None:
+        """Use the worker's own arq connection (not closed by :meth:`aclose`)."""
+        self._redis = redis
+        self._owns_redis = False
+
+    async def redis(self) -> ArqRedis:
+        """The arq connection, opened on first use."""
+        if self._redis is not None:
+            return self._redis
+        async with self._connecting:
+            if self._redis is None:
+                try:
+                    self._redis = await create_pool(
+                        redis_settings(self.redis_url, worker=False),
+                        default_queue_name=self.options.queue_name,
+                        job_serializer=_dumps,
+                        job_deserializer=_loads,
+                    )
+                except (TimeoutError, RedisError, OSError) as error:
+                    raise _redis_error(self.redis_url, error) from None
+                self._owns_redis = True
+            return self._redis
+
+    async def aclose(self) -> None:
+        """Close the connection this queue opened."""
+        redis, self._redis = self._redis, None
+        if redis is not None and self._owns_redis:
+            await redis.aclose(close_connection_pool=True)
+
+    @asynccontextmanager
+    async def _reaching_redis(self) -> AsyncIterator[None]:
+        try:
+            yield
+        except (TimeoutError, RedisError, OSError) as error:
+            raise _redis_error(self.redis_url, error) from None
+
+    # --- enqueueing ------------------------------------------------------------------------
+
+    async def enqueue(self, args: AgentRunArgs, *, defer: float | None = None) -> RunHandle:
+        """Record the run (``queued``) and put its job on the queue, ``defer`` seconds later.
+
+        A run id that exists already is a no-op (the run is enqueued again only while it is
+        still queued, in case its job was lost). With ``session_lock = "reject"``, a session
+        that another run holds answers ``CONFLICT``.
+        """
+        redis = await self.redis()
+        lock = self._claim_for(args.session, args.run_id)
+        claimed = 0
+        if lock is not None:
+            async with self._reaching_redis():
+                claimed = await lock.claim((defer or 0) + self.job_timeout + self.options.lease)
+            if not claimed:
+                raise _session_busy(args.session)
+        try:
+            created = await self.store.create(
+                args.run_id,
+                origin=args.origin,
+                args=args.model_dump(mode="json"),
+                session_id=args.session,
+                memory_scope=args.memory_scope,
+            )
+            if not created:
+                record = await self.store.get(args.run_id)
+                if record is None or record.status is not RunStatus.QUEUED:
+                    if lock is not None and claimed == 1:
+                        await _quietly(lock.release())
+                    return self.handle(args.run_id)
+            try:
+                async with self._reaching_redis():
+                    await redis.enqueue_job(
+                        AGENT_RUN,
+                        args.run_id,
+                        _job_id=args.run_id,
+                        _queue_name=self.options.queue_name,
+                        _defer_by=defer if defer else None,
+                    )
+            except AgentError as error:
+                if created:
+                    await _quietly(
+                        self.store.fail(args.run_id, _not_queued(error, args.run_id).info())
+                    )
+                raise
+        except BaseException:
+            if lock is not None and claimed == 1:
+                await _quietly(lock.release())
+            raise
+        logger.info("run %s queued (origin %s)", args.run_id, args.origin)
+        return self.handle(args.run_id)
+
+    async def enqueue_resume(
+        self, run_id: str, decisions: Sequence[ApprovalDecision] = ()
+    ) -> RunHandle:
+        """Accept the decisions for a paused run and enqueue ``agent_resume`` for it.
+
+        The decisions are checked against the paused state kept in the run's record: each
+        must name a call that awaits approval, and a pause takes decisions once. Anything else
+        is ``CONFLICT`` (``NOT_FOUND`` for an unknown run).
+        """
+        redis = await self.redis()
+        record = await self.store.get(run_id)
+        if record is None:
+            raise AgentError(ErrorKind.NOT_FOUND, f"no run {run_id!r}")
+        lock = self._claim_for(record.session_id, run_id)
+        claimed = 0
+        if lock is not None:
+            async with self._reaching_redis():
+                claimed = await lock.claim(self.job_timeout + self.options.lease)
+            if not claimed:
+                raise _session_busy(record.session_id)
+        try:
+            await self.store.take_paused_state(run_id, list(decisions))
+            try:
+                async with self._reaching_redis():
+                    await redis.enqueue_job(
+                        AGENT_RESUME,
+                        run_id,
+                        _job_id=f"{run_id}:resume:{uuid.uuid4().hex}",
+                        _queue_name=self.options.queue_name,
+                    )
+            except AgentError as error:
+                await _quietly(self.store.fail(run_id, _not_queued(error, run_id).info()))
+                raise
+        except BaseException:
+            if lock is not None and claimed == 1:
+                await _quietly(lock.release())
+            raise
+        logger.info("run %s: %d decision(s) accepted, resume queued", run_id, len(decisions))
+        return self.handle(run_id)
+
+    def _claim_for(self, session: str | None, run_id: str) -> SessionLock | None:
+        if session is None or self.runtime.settings.session_lock != "reject":
+            return None
+        assert self._redis is not None
+        return SessionLock(self._redis, session, run_id, prefix=self.options.key_prefix)
+
+    async def get(self, run_id: str) -> RunRecord:
+        """The run's public record; ``NOT_FOUND`` for an unknown id."""
+        record = await self.store.get(run_id)
+        if record is None:
+            raise AgentError(ErrorKind.NOT_FOUND, f"no run {run_id!r}")
+        return record
+
+
+def _session_busy(session: str | None) -> AgentError:
+    return AgentError(
+        ErrorKind.CONFLICT,
+        f"session {session!r} already has an active background run; try again when it has "
+        "finished (session_lock = reject)",
+    )
+
+
+def _not_queued(error: AgentError, run_id: str) -> AgentError:
+    return AgentError(error.kind, f"run {run_id} could not be queued: {error.message}")
+
+
+async def _quietly(work: Any) -> None:
+    """Best-effort clean-up: log a failure instead of hiding the error being handled."""
+    try:
+        await work
+    except Exception as error:
+        logger.warning("clean-up failed: %s", error)
+
+
+# --- progress -------------------------------------------------------------------------------
+
+
+def progress_of(steps_used: int, max_steps: int) -> tuple[int, str]:
+    """The percentage and message of a tracked run before a model call [AP-49].
+
+    ``min(steps, max) * 99 // max`` with ``max = max(max_steps, 1)`` (a run reads 100 only
+    when it is complete), and ``"step <steps> of <max_steps>"``.
+    """
+    top = max(max_steps, 1)
+    return min(steps_used, top) * 99 // top, f"step {steps_used} of {max_steps}"
+
+
+class _Progress(AgentHooks):
+    """Writes the run's progress to its record before every model call."""
+
+    def __init__(self, store: SqlRunStore, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+
+    async def before_model(self, request: ChatRequest, info: RunInfo) -> RunControl | None:
+        pct, message = progress_of(info.steps_used, info.max_steps)
+        try:
+            await self.store.progress(self.run_id, pct, message)
+        except AgentError as error:  # progress is best effort; the checkpoints are not
+            logger.warning("run %s: progress not recorded: %s", self.run_id, error)
+        return None
+
+
+# --- one delivery of a job ------------------------------------------------------------------
+
+
+class _Keeper:
+    """Renews a job's arq in-progress key (and its session lock) while the job runs."""
+
+    def __init__(self, redis: ArqRedis, job_id: str, lease: float) -> None:
+        self.redis = redis
+        self.key = in_progress_key_prefix + job_id
+        self.lease = lease
+        self.lock: SessionLock | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _Keeper:
+        await self._renew()
+        self._task = asyncio.create_task(self._loop(), name=f"lease {self.key}")
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease / 3)
+            try:
+                await self._renew()
+            except (TimeoutError, RedisError, OSError) as error:
+                logger.warning("cannot renew %s: %s", self.key, error)
+
+    async def _renew(self) -> None:
+        await self.redis.pexpire(self.key, _ms(self.lease))
+        lock = self.lock
+        if lock is not None and lock.held and not await lock.renew(self.lease * 3):
+            logger.warning("run %s lost the lock of session %r", lock.run_id, lock.session_id)
+
+
+class _Delivery:
+    """One delivery of ``agent_run`` or ``agent_resume`` for one run."""
+
+    def __init__(
+        self,
+        queue: RunQueue,
+        ctx: dict[str, Any],
+        run_id: str,
+        args: AgentRunArgs | None,
+        *,
+        retry_errors: bool,
+    ) -> None:
+        self.queue = queue
+        self.store = queue.store
+        self.options = queue.options
+        self.redis: ArqRedis = ctx["redis"]
+        self.job_id = str(ctx.get("job_id", run_id))
+        self.job_try = int(ctx.get("job_try", 1))
+        self.run_id = run_id
+        self.args = args
+        self.retry_errors = retry_errors
+        self.retry_delay: float | None = None
+        """Set when the delivery ends with arq's ``Retry``: seconds until the next attempt."""
+        self.session: str | None = None
+
+    def result(self, status: RunStatus | str) -> dict[str, Any]:
+        """The job's result in arq: the run id and its status; never the outcome or a secret."""
+        return {"run_id": self.run_id, "status": str(status)}
+
+    async def run(self) -> dict[str, Any]:
+        async with _Keeper(self.redis, self.job_id, self.options.lease) as keeper:
+            args = self.args
+            if args is not None:  # enqueued with its arguments: by hand, maybe without a record
+                await self.store.create(
+                    self.run_id,
+                    origin=args.origin,
+                    args=args.model_dump(mode="json"),
+                    session_id=args.session,
+                    memory_scope=args.memory_scope,
+                )
+            else:
+                args = await self._stored_args()
+            session = args.session if args is not None else None
+            if args is None:
+                record = await self.store.get(self.run_id)
+                if record is None:
+                    logger.warning("job %s: there is no run %s", self.job_id, self.run_id)
+                    return self.result("unknown")
+                session = record.session_id
+            if self.job_try > self.options.max_deliveries:
+                error = AgentError(
+                    ErrorKind.UNAVAILABLE,
+                    f"the run was interrupted {self.job_try - 1} times (its worker stopped "
+                    "before finishing it); giving up",
+                )
+                try:
+                    await self.store.fail(self.run_id, error.info())
+                except AgentError as conflict:
+                    if conflict.kind is not ErrorKind.CONFLICT:
+                        raise
+                    return await self._current_status()
+                return self.result(RunStatus.FAILED)
+            self.session = session
+            lock = None
+            if session is not None:
+                lock = SessionLock(self.redis, session, self.run_id, prefix=self.options.key_prefix)
+                keeper.lock = lock
+            return await self._run_in_time(args, lock)
+
+    @property
+    def lock_ttl(self) -> float:
+        """How long a session lock outlives a dead worker: three leases, so the run's own
+        re-delivery (after one lease) normally takes it back first."""
+        return self.options.lease * 3
+
+    async def _session_free(self) -> bool:
+        """No other run of the session is in progress (one that crashed holding the session
+        must finish first: it continues from checkpoints made on the session as it was)."""
+        session = self.session
+        if session is None:
+            return True
+        rows = RunRow.__table__.c
+        query = (
+            sa.select(rows.run_id)
+            .where(
+                rows.session_id == session,
+                rows.status == RunStatus.IN_PROGRESS.value,
+                rows.run_id != self.run_id,
+            )
+            .limit(1)
+        )
+        async with self.store.database.read() as conn:
+            return (await conn.execute(query)).first() is None
+
+    async def _stored_args(self) -> AgentRunArgs | None:
+        stored = await self.store.args(self.run_id)
+        if stored is None:
+            return None
+        try:
+            return AgentRunArgs.model_validate(stored)
+        except ValidationError as error:
+            raise AgentError(
+                ErrorKind.DECODE, f"run {self.run_id}: the stored arguments do not decode: {error}"
+            ) from None
+
+    async def _run_in_time(
+        self, args: AgentRunArgs | None, lock: SessionLock | None
+    ) -> dict[str, Any]:
+        timeout = self.queue.job_timeout
+        limit = asyncio.timeout(timeout)
+        waiting = lock is not None
+        try:
+            async with limit:
+                if lock is not None:
+                    await lock.wait(self.lock_ttl, free=self._session_free)
+                    waiting = False
+                return await self._start_and_drive(args)
+        except TimeoutError:
+            if not limit.expired():
+                raise
+            if waiting and lock is not None:
+                error = AgentError(
+                    ErrorKind.CONFLICT,
+                    f"session {lock.session_id!r} stayed busy for {timeout:g} s",
+                )
+            else:
+                error = AgentError(
+                    ErrorKind.BUDGET,
+                    f"the run did not finish within the job timeout ({timeout:g} s)",
+                )
+            await self.store.fail(self.run_id, error.info())
+            return self.result(RunStatus.FAILED)
+        except asyncio.CancelledError:  # the worker is shutting down; arq runs the job again
+            await asyncio.shield(_quietly(self.store.requeue(self.run_id)))
+            raise
+        finally:
+            if lock is not None and lock.held:
+                if self.retry_delay is not None:  # keep the session through the backoff
+                    await _quietly(lock.renew(self.retry_delay + self.lock_ttl))
+                else:
+                    await asyncio.shield(_quietly(lock.release()))
+
+    async def _current_status(self) -> dict[str, Any]:
+        current = await self.store.get(self.run_id)
+        return self.result(current.status if current is not None else "unknown")
+
+    async def _start_and_drive(self, args: AgentRunArgs | None) -> dict[str, Any]:
+        try:
+            record = await self.store.start(self.run_id)
+        except AgentError as error:  # a duplicate delivery of a run that moved on
+            if error.kind not in (ErrorKind.CONFLICT, ErrorKind.NOT_FOUND):
+                raise
+            return await self._current_status()
+        attempt = record.attempt
+        try:
+            outcome = await self._drive(record, args)
+            record = await self.store.finish(self.run_id, outcome)
+        except AgentError as error:
+            return await self._failed(error, attempt)
+        except Exception as error:  # a bug in app code (a hook, a policy, a store)
+            message = redact_text(f"{type(error).__name__}: {error}")
+            logger.error("run %s failed unexpectedly: %s", self.run_id, message)
+            logger.debug("run %s: traceback", self.run_id, exc_info=True)
+            return await self._failed(AgentError(ErrorKind.INTERNAL, message), attempt)
+        logger.info("run %s %s", self.run_id, record.status)
+        await self._forget_retries()
+        return self.result(record.status)
+
+    async def _forget_retries(self) -> None:
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            await self.redis.delete(self._retries_key)
+
+    @property
+    def _retries_key(self) -> str:
+        return f"{self.options.key_prefix}retries:{self.run_id}"
+
+    async def _still_ours(self, attempt: int) -> bool:
+        record = await self.store.get(self.run_id)
+        return (
+            record is not None
+            and record.status is RunStatus.IN_PROGRESS
+            and record.attempt == attempt
+        )
+
+    async def _failed(self, error: AgentError, attempt: int) -> dict[str, Any]:
+        """Record the error (or schedule a retry); if the database or Redis is down so that
+        neither can be recorded, the whole delivery is tried again later."""
+        try:
+            return await self._record_failure(error, attempt)
+        except (AgentError, RedisError, OSError, TimeoutError) as trouble:
+            if isinstance(trouble, AgentError) and not trouble.retryable:
+                raise
+            logger.warning("run %s: cannot record how it ended (%s); later", self.run_id, trouble)
+            self.retry_delay = self.options.lease
+            raise Retry(defer=self.options.lease) from None
+
+    async def _record_failure(self, error: AgentError, attempt: int) -> dict[str, Any]:
+        if not await self._still_ours(attempt):
+            logger.warning("run %s was taken over by another delivery: %s", self.run_id, error)
+            return self.result("superseded")
+        if error.retryable and self.retry_errors:
+            retries = int(await self.redis.incr(self._retries_key))
+            await self.redis.expire(self._retries_key, 86_400)
+            if retries < self.options.max_attempts:
+                delay = self.options.backoff(retries, error.retry_after)
+                await self.store.requeue(self.run_id)
+                logger.info(
+                    "run %s: %s; attempt %d of %d in %.1f s",
+                    self.run_id,
+                    error,
+                    retries + 1,
+                    self.options.max_attempts,
+                    delay,
+                )
+                self.retry_delay = delay
+                raise Retry(defer=delay)
+        logger.warning("run %s failed: %s", self.run_id, error)
+        await self.store.fail(self.run_id, error.info())
+        await self._forget_retries()
+        return self.result(RunStatus.FAILED)
+
+    # --- what the run does -----------------------------------------------------------------
+
+    async def _drive(self, record: RunRecord, args: AgentRunArgs | None) -> AgentOutcome:
+        """Continue the run from wherever it is: a resume, a checkpoint, or the start."""
+        store = self.store
+        runtime = self.queue.runtime
+        journal = store.journal(self.run_id, attempt=record.attempt)
+        agent = runtime.agent_with(
+            args.memory_scope if args is not None else record.memory_scope,
+            system_prompt=args.system_prompt if args is not None else None,
+            max_steps=args.max_steps if args is not None else None,
+            hooks=[_Progress(store, self.run_id)],
+        )
+        first = record.attempt == 1  # never started before: no checkpoints, no pause
+        entries = [] if first else await store.journal_entries(self.run_id)
+        pending = None if first else await store.pending_resume(self.run_id)
+        if pending is not None and not _resume_began(entries, pending[0]):
+            state, decisions = pending
+            return await self._resume(agent, state, decisions, journal)
+        recovered = recover(entries)
+        if recovered is not None:
+            if recovered.awaiting():  # it had paused for approval before the worker stopped
+                return AwaitingApproval(state=recovered)
+            return await self._resume(agent, recovered, [], journal)
+        if args is None:
+            raise AgentError(
+                ErrorKind.DECODE, f"run {self.run_id} has neither arguments nor checkpoints"
+            )
+        if args.session is not None:
+            turn = await run_in_session(
+                agent,
+                runtime.session_store,
+                args.session,
+                args.prompt,
+                compaction=runtime.compaction,
+                run_id=self.run_id,
+                journal=journal,
+            )
+            return turn.outcome
+        return (await agent.run_turn([], args.prompt, run_id=self.run_id, journal=journal)).outcome
+
+    async def _resume(
+        self,
+        agent: Agent,
+        state: RunState,
+        decisions: Sequence[ApprovalDecision],
+        journal: RunJournal,
+    ) -> AgentOutcome:
+        session_id, version = state.session_id, state.session_version
+        if session_id is None or version is None:
+            return (await agent.resume(state, decisions, journal=journal)).outcome
+        store = self.queue.runtime.session_store
+        mine = state.messages[state.history_length :]
+        newer = await store.entries(session_id, after=version, limit=len(mine) + 1)
+        if newer and [e.message for e in newer if isinstance(e, MessageEntry)] == mine:
+            # the turn was saved just before the worker stopped: its outcome, without saving
+            return (await agent.resume(state, decisions)).outcome
+        turn = await resume_in_session(agent, store, state, decisions, journal=journal)
+        return turn.outcome
+
+
+def _resume_began(entries: Sequence[JournalEntry], paused: RunState) -> bool:
+    """Whether a resume of ``paused`` has checkpointed its start (so continue from there).
+
+    A resume records ``started`` with the paused state's messages and the decisions applied
+    (nothing awaits approval any more); the journal of the run before its pause does not.
+    """
+    latest = next((e for e in reversed(entries) if isinstance(e, Started)), None)
+    return (
+        latest is not None
+        and latest.state.messages == paused.messages
+        and not latest.state.awaiting()
+    )
+
+
+# --- the job functions ----------------------------------------------------------------------
+
+
+def _queue_of(ctx: dict[str, Any]) -> RunQueue:
+    runtime = ctx.get(_RUNTIME_KEY)
+    jobs = getattr(runtime, "jobs", None)
+    if not isinstance(jobs, RunQueue):
+        raise AgentError(
+            ErrorKind.UNAVAILABLE,
+            "agent plugin is not installed in this worker: run it with the WorkerSettings "
+            "from AgentPlugin.worker_settings()",
+        )
+    return jobs
+
+
+def _payload(payload: str) -> tuple[str, AgentRunArgs | None]:
+    text = payload.strip()
+    if not text.startswith("{"):
+        return text, None
+    try:
+        args = AgentRunArgs.model_validate_json(text)
+    except ValidationError as error:
+        raise AgentError(ErrorKind.DECODE, f"bad agent_run arguments: {error}") from None
+    return args.run_id, args
+
+
+async def _deliver(delivery: _Delivery) -> dict[str, Any]:
+    """Run one delivery; if Redis or the database is out of reach, deliver it again later
+    (bounded by ``max_deliveries``) instead of letting arq drop the job."""
+    try:
+        return await delivery.run()
+    except (AgentError, RedisError, OSError, TimeoutError) as error:
+        if isinstance(error, AgentError) and not error.retryable:
+            raise
+        lease = delivery.options.lease
+        logger.warning("run %s: %s; trying again in %g s", delivery.run_id, error, lease)
+        raise Retry(defer=lease) from None
+
+
+async def agent_run(ctx: dict[str, Any], args_json: str) -> dict[str, Any]:
+    """The arq job of a background run [AP-47].
+
+    ``args_json`` is :class:`AgentRunArgs` as JSON, or only the run id when the run's record
+    already holds its arguments (what :meth:`RunQueue.enqueue` sends). Records the outcome or
+    the typed error in the run's record and answers ``{"run_id", "status"}``; retryable
+    failures come back as arq ``Retry`` until the attempts are used up.
+    """
+    queue = _queue_of(ctx)
+    run_id, args = _payload(args_json)
+    return await _deliver(_Delivery(queue, ctx, run_id, args, retry_errors=True))
+
+
+async def agent_resume(ctx: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The arq job that resumes a paused run with the decisions its record holds.
+
+    Errors are never retried (approved calls may act on the world); a worker that died is
+    replaced, and its successor continues from the checkpoints without repeating a call.
+    """
+    queue = _queue_of(ctx)
+    return await _deliver(_Delivery(queue, ctx, run_id.strip(), None, retry_errors=False))
+
+
+# --- the worker -----------------------------------------------------------------------------
+
+
+def worker_settings(plugin: AgentPlugin, options: JobOptions, **overrides: Any) -> type[Any]:
+    """arq ``WorkerSettings`` for ``plugin``: see :meth:`AgentPlugin.worker_settings`."""
+    settings = plugin.load_settings()
+    timeout = options.timeout_for(settings.max_run_secs)
+
+    async def on_startup(ctx: dict[str, Any]) -> None:
+        runtime = await plugin.start_worker()
+        queue = runtime.jobs
+        if queue is None:  # pragma: no cover - start_worker turns jobs on
+            raise AgentError.config("background runs are off for this plugin")
+        queue.attach(ctx["redis"])
+        ctx[_RUNTIME_KEY] = runtime
+        logger.info("agent worker started: %r, %r", runtime, queue)
+
+    async def on_shutdown(ctx: dict[str, Any]) -> None:
+        runtime = ctx.pop(_RUNTIME_KEY, None)
+        if runtime is not None:
+            await plugin.stop_worker(runtime)
+
+    functions = [
+        func(agent_run, name=AGENT_RUN, timeout=timeout + 5, max_tries=options.max_deliveries + 1),
+        func(
+            agent_resume,
+            name=AGENT_RESUME,
+            timeout=timeout + 5,
+            max_tries=options.max_deliveries + 1,
+        ),
+    ]
+    attributes: dict[str, Any] = {
+        "__doc__": "arq worker settings built by AgentPlugin.worker_settings().",
+        "functions": functions,
+        "redis_settings": redis_settings(settings.redis_url, worker=True),
+        "queue_name": options.queue_name,
+        "on_startup": on_startup,
+        "on_shutdown": on_shutdown,
+        "job_timeout": timeout + 5,
+        "max_tries": options.max_deliveries + 1,
+        "keep_result": options.keep_result,
+        "max_jobs": options.max_jobs,
+        "poll_delay": options.poll_delay,
+        "job_serializer": _dumps,
+        "job_deserializer": _loads,
+        "health_check_interval": 60,
+        **overrides,
+    }
+    return type("WorkerSettings", (), attributes)

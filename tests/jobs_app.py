@@ -1,0 +1,380 @@
+"""The app and the arq worker of the background-run tests (``tests/test_jobs*.py``).
+
+The worker is a real subprocess: ``python -m arq tests.jobs_app.WorkerSettings``. Both sides
+build the same plugin with :func:`make_plugin`; the worker reads its options from the
+environment (``AGENT_*`` for the settings, ``JOBS_TEST_*`` for the test's knobs).
+
+The model is scripted by the prompt: a JSON *plan* says which tool calls to make, round by
+round, how long each model call and tool call takes, and which model calls fail. Every model
+call and every tool execution appends a line to the log file ``JOBS_TEST_LOG``, so a test can
+count them across worker restarts (``pid`` is the worker's process id)::
+
+    <unix time> <pid> model_start <tag> <round>
+    <unix time> <pid> model_end <tag> <round>
+    <unix time> <pid> tool_start <run_id> <call_id> <tool> <key>
+    <unix time> <pid> tool_end <run_id> <call_id> <tool> <key>
+    <unix time> <pid> worker_ready
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import redis
+from fastapi import FastAPI
+from pydantic import BaseModel, Field
+
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.jobs import JobOptions
+from agent_plugin.messages import Role
+from agent_plugin.plugin import AgentPlugin
+from agent_plugin.policy import ASK, ToolRules
+from agent_plugin.providers.base import ChatRequest
+from agent_plugin.providers.scripted import Reply, ScriptedModel, tool_call
+from agent_plugin.storage import Database
+from agent_plugin.tools import ToolContext, ToolEffect, tool
+
+LOG_ENV: Final = "JOBS_TEST_LOG"
+
+
+class FailPlan(BaseModel):
+    round: int = 0
+    times: int = 0
+    kind: ErrorKind = ErrorKind.RATE_LIMITED
+
+
+class Plan(BaseModel):
+    """What the scripted model does for one prompt."""
+
+    tag: str
+    rounds: list[list[tuple[str, str]]] = Field(default_factory=list)
+    """Per round, the calls to make: ``(tool, key)``; tools: ``effect`` and ``send``."""
+    answer: str = "done"
+    model_delay: float = 0.0
+    tool_delay: float = 0.0
+    fail: FailPlan = Field(default_factory=FailPlan)
+    """The model call of ``round`` fails (with ``kind``) the first ``times`` times."""
+
+
+def log_path() -> Path | None:
+    value = os.environ.get(LOG_ENV)
+    return Path(value) if value else None
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the log."""
+
+    time: float
+    pid: int
+    event: str
+    args: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Line:
+        words = text.split()
+        return cls(float(words[0]), int(words[1]), words[2], tuple(words[3:]))
+
+
+def log(event: str, *words: object) -> None:
+    """Append one line to the log (one ``write`` of a short line: atomic with O_APPEND)."""
+    path = log_path()
+    if path is None:
+        return
+    line = " ".join([f"{time.time():.6f}", str(os.getpid()), event, *map(str, words)]) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def read_log(path: Path) -> list[Line]:
+    """The log's complete lines."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [Line.parse(line) for line in text[: text.rfind("\n") + 1].splitlines() if line]
+
+
+async def plan_reply(request: ChatRequest) -> Reply:
+    """The next reply for the plan in the latest user message."""
+    messages = [m for m in request.messages if m.role is not Role.SYSTEM]
+    users = [i for i, m in enumerate(messages) if m.role is Role.USER and not m.tool_calls]
+    start = users[-1] if users else 0
+    try:
+        plan = Plan.model_validate_json(messages[start].text_content)
+    except ValueError:
+        return f"echo: {messages[start].text_content if messages else ''}"
+    done = sum(1 for m in messages[start + 1 :] if m.role is Role.TOOL)
+    log("model_start", plan.tag, done)
+    if plan.fail.times and plan.fail.round == done:
+        path = log_path()
+        failed = (
+            sum(1 for x in read_log(path) if x.event == "model_fail" and x.args[0] == plan.tag)
+            if path is not None
+            else plan.fail.times
+        )
+        if failed < plan.fail.times:
+            log("model_fail", plan.tag, done)
+            raise AgentError(
+                plan.fail.kind, f"scripted {plan.fail.kind.value}", provider="scripted"
+            )
+    if plan.model_delay:
+        await asyncio.sleep(plan.model_delay)
+    log("model_end", plan.tag, done)
+    if done < len(plan.rounds):
+        turn = len(users)
+        return [
+            tool_call(name, {"key": key, "delay": plan.tool_delay}, id=f"u{turn}r{done}c{i}")
+            for i, (name, key) in enumerate(plan.rounds[done])
+        ]
+    return f"{plan.answer} after {done} rounds"
+
+
+async def _execute(name: str, key: str, delay: float, ctx: ToolContext) -> dict[str, Any]:
+    log("tool_start", ctx.run_id, ctx.call_id, name, key)
+    if delay:
+        await asyncio.sleep(delay)
+    log("tool_end", ctx.run_id, ctx.call_id, name, key)
+    return {"done": key, "run_id": ctx.run_id}
+
+
+@tool(effect=ToolEffect.EXTERNAL)
+async def effect(key: str, delay: float, ctx: ToolContext) -> dict[str, Any]:
+    """Do something outside the app (logged with the run and call ids)."""
+    return await _execute("effect", key, delay, ctx)
+
+
+@tool(effect=ToolEffect.EXTERNAL)
+async def send(key: str, delay: float, ctx: ToolContext) -> dict[str, Any]:
+    """Send something; needs approval."""
+    return await _execute("send", key, delay, ctx)
+
+
+def options_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> JobOptions:
+    """The test's job options: queue and key prefix per test session, short leases."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {
+        "queue_name": env.get("JOBS_TEST_QUEUE", "agent-test:queue"),
+        "key_prefix": env.get("JOBS_TEST_PREFIX", "agent-test:"),
+        "lease": float(env.get("JOBS_TEST_LEASE", "2")),
+        "keep_result": float(env.get("JOBS_TEST_KEEP_RESULT", "1")),
+        "job_timeout": float(env.get("JOBS_TEST_JOB_TIMEOUT", "60")),
+        "max_deliveries": int(env.get("JOBS_TEST_MAX_DELIVERIES", "20")),
+        "retry_backoff": 0.2,
+        "poll_delay": 0.05,
+        "max_jobs": int(env.get("JOBS_TEST_MAX_JOBS", "10")),
+    }
+    values.update(overrides)
+    return JobOptions(**values)
+
+
+def make_plugin(environ: Mapping[str, str] | None = None, **options: Any) -> AgentPlugin:
+    """The plugin of the tests: scripted model, two logging tools, ``send`` needs approval.
+
+    ``environ`` (default ``os.environ``) supplies the ``AGENT_*`` settings and the
+    ``JOBS_TEST_*`` knobs; ``options`` override the :class:`JobOptions`.
+    """
+    return AgentPlugin(
+        tools=[effect, send],
+        policy=ToolRules().for_tool("send", ASK),
+        model=ScriptedModel(default=plan_reply),
+        jobs=options_from_env(environ, **options),
+        environ=environ,
+    )
+
+
+def make_app(plugin: AgentPlugin, **install: Any) -> FastAPI:
+    app = FastAPI()
+    plugin.install(app, **install)
+    return app
+
+
+def worker_settings() -> type[Any]:
+    """The worker's settings, from the environment; its startup logs ``worker_ready <pid>``."""
+    settings = make_plugin().worker_settings()
+    startup = settings.on_startup
+
+    async def on_startup(ctx: dict[str, Any]) -> None:
+        await startup(ctx)
+        log("worker_ready", os.getpid())
+
+    settings.on_startup = on_startup
+    return settings
+
+
+def __getattr__(name: str) -> Any:
+    """``WorkerSettings`` is built when the worker asks for it (not when a test imports)."""
+    if name == "WorkerSettings":
+        return worker_settings()
+    raise AttributeError(name)
+
+
+# --- the test side: environment, worker processes, clean-up --------------------------------
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+REDIS_URL: Final = "redis://127.0.0.1:6379/0"
+
+
+@dataclass
+class JobsEnv:
+    """Where one test module's runs live: its database, queue, key prefix and log."""
+
+    directory: Path
+    environ: dict[str, str]
+    log: Path
+    queue: str
+    prefix: str
+    redis_url: str
+    database_url: str
+
+    def lines(self, event: str | None = None) -> list[Line]:
+        """The log's lines, only ``event`` ones if given."""
+        return [line for line in read_log(self.log) if event is None or line.event == event]
+
+
+def jobs_env(directory: Path, *, redis_url: str = REDIS_URL, **knobs: str) -> JobsEnv:
+    """A fresh environment in ``directory``: config file, SQLite database, unique queue."""
+    token = uuid.uuid4().hex[:12]
+    config = directory / "agent.toml"
+    config.write_text('[agent]\nprovider = "scripted"\nmax_steps = 8\n', encoding="utf-8")
+    database_url = f"sqlite+aiosqlite:///{directory / 'runs.db'}"
+    log_file = directory / "events.log"
+    environ = {
+        "AGENT_CONFIG_FILE": str(config),
+        "AGENT_DATABASE_URL": database_url,
+        "AGENT_REDIS_URL": redis_url,
+        "JOBS_TEST_QUEUE": f"agent-test-{token}:queue",
+        "JOBS_TEST_PREFIX": f"agent-test-{token}:",
+        LOG_ENV: str(log_file),
+        **{f"JOBS_TEST_{k.upper()}": v for k, v in knobs.items()},
+    }
+    with ThreadPoolExecutor(1) as thread:  # also from a test whose event loop is running
+        thread.submit(asyncio.run, _migrate(database_url)).result()
+    return JobsEnv(
+        directory=directory,
+        environ=environ,
+        log=log_file,
+        queue=environ["JOBS_TEST_QUEUE"],
+        prefix=environ["JOBS_TEST_PREFIX"],
+        redis_url=redis_url,
+        database_url=database_url,
+    )
+
+
+async def _migrate(url: str) -> None:
+    database = Database(url)
+    try:
+        await database.migrate()
+    finally:
+        await database.dispose()
+
+
+class WorkerProcess:
+    """``python -m arq tests.jobs_app.WorkerSettings`` as a subprocess of the test."""
+
+    def __init__(
+        self, env: JobsEnv, *, name: str = "worker", extra: Mapping[str, str] | None = None
+    ) -> None:
+        self.env = env
+        self.name = name
+        self.extra = dict(extra or {})
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, *, wait: bool = True, timeout: float = 30.0) -> None:
+        self.starts += 1
+        output = open(self.env.directory / f"{self.name}-{self.starts}.out", "wb")  # noqa: SIM115
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "arq", "tests.jobs_app.WorkerSettings"],
+                cwd=ROOT,
+                env={**os.environ, **self.env.environ, **self.extra},
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+        finally:
+            output.close()
+        if wait:
+            self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until the worker's startup logged ``worker_ready <pid>``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready():
+                return
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"the worker exited: {self.output()}")
+            time.sleep(0.05)
+        raise AssertionError(f"the worker did not start in {timeout} s: {self.output()}")
+
+    def ready(self) -> bool:
+        """Whether this process has finished its startup."""
+        return self.process is not None and any(
+            line.pid == self.pid for line in self.env.lines("worker_ready")
+        )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def output(self) -> str:
+        path = self.env.directory / f"{self.name}-{self.starts}.out"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: the worker dies mid-whatever, with no clean-up at all."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM (arq's graceful shutdown), then SIGKILL if it hangs."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def clean_redis(env: JobsEnv) -> None:
+    """Delete this environment's keys (its queue, its prefix, its runs' arq keys) only."""
+    client = redis.Redis.from_url(env.redis_url)
+    try:
+        keys: list[bytes | str] = [env.queue, env.queue + ":health-check"]
+        keys += list(client.scan_iter(match=env.prefix + "*"))
+        for run_id in run_ids(env):
+            for prefix in ("arq:job:", "arq:result:", "arq:retry:", "arq:in-progress:"):
+                keys.append(prefix + run_id)
+                keys += list(client.scan_iter(match=f"{prefix}{run_id}:*"))
+        client.delete(*keys)
+    finally:
+        client.close()
+
+
+def run_ids(env: JobsEnv) -> list[str]:
+    """Every run id recorded in the environment's database."""
+    path = env.database_url.removeprefix("sqlite+aiosqlite:///")
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        return [row[0] for row in connection.execute("SELECT run_id FROM agent_runs")]

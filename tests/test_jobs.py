@@ -1,0 +1,609 @@
+"""Background runs through a real arq worker process, the real Redis on 127.0.0.1 and a SQLite
+database shared by the app (httpx's ASGI transport) and the worker [SPEC §6, AP-47..AP-49,
+HV-01].
+
+One worker serves the whole module (its own queue and key prefix, so parallel test sessions do
+not collide); each test builds its own app from the same plugin factory (``tests/jobs_app.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from arq.worker import Retry
+from fastapi import FastAPI
+
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.jobs import (
+    AGENT_RESUME,
+    AGENT_RUN,
+    AgentResumeArgs,
+    AgentRunArgs,
+    JobOptions,
+    agent_run,
+    progress_of,
+    run_args,
+)
+from agent_plugin.messages import Role
+from agent_plugin.plugin import AgentPlugin, AgentRuntimeHandle
+from agent_plugin.sessions import InMemorySessionStore, MessageEntry
+from tests.jobs_app import (
+    JobsEnv,
+    Line,
+    WorkerProcess,
+    clean_redis,
+    jobs_env,
+    make_app,
+    make_plugin,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# --- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobsEnv]:
+    """The module's database, queue and log, and one worker process serving them."""
+    environment = jobs_env(tmp_path_factory.mktemp("jobs"))
+    worker = WorkerProcess(environment)
+    worker.start()
+    try:
+        yield environment
+    finally:
+        worker.stop()
+        clean_redis(environment)
+
+
+@dataclass
+class Served:
+    plugin: AgentPlugin
+    app: FastAPI
+    client: httpx.AsyncClient
+
+    @property
+    def handle(self) -> AgentRuntimeHandle:
+        return AgentRuntimeHandle(self.app.state.agent_runtime)
+
+
+@asynccontextmanager
+async def serve(env: JobsEnv, **environ: str) -> AsyncIterator[Served]:
+    plugin = make_plugin({**env.environ, **environ})
+    app = make_app(plugin, runs_route=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client,
+    ):
+        yield Served(plugin, app, client)
+
+
+@pytest.fixture
+async def served(env: JobsEnv) -> AsyncIterator[Served]:
+    async with serve(env) as value:
+        yield value
+
+
+@pytest.fixture
+async def redis_client(env: JobsEnv) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(env.redis_url)
+    yield client
+    await client.aclose()
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+_tags = iter(range(1_000_000))
+
+
+def plan(**fields: Any) -> tuple[str, str]:
+    """A fresh tag and the prompt that makes the scripted model follow ``fields``."""
+    tag = f"t{next(_tags)}_{time.monotonic_ns() % 1_000_000}"
+    return tag, json.dumps({"tag": tag, **fields})
+
+
+async def poll(
+    client: httpx.AsyncClient,
+    path: str,
+    until: Callable[[dict[str, Any]], bool] = lambda r: (
+        r["status"] not in ("queued", "in_progress")
+    ),
+    within: float = 15.0,
+) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    while True:
+        response = await client.get(path)
+        assert response.status_code == 200, response.text
+        record: dict[str, Any] = response.json()
+        if until(record):
+            return record
+        assert time.monotonic() < deadline, f"gave up waiting: {record}"
+        await asyncio.sleep(0.03)
+
+
+async def start(served: Served, prompt: str, **body: Any) -> str:
+    response = await served.client.post("/agent/runs", json={"prompt": prompt, **body})
+    assert response.status_code == 202, response.text
+    handle = response.json()
+    assert response.headers["location"] == handle["status_path"]
+    assert handle["status_path"] == f"/agent/runs/{handle['run_id']}"
+    return str(handle["status_path"])
+
+
+def remove_files(directory: Path, pattern: str) -> None:
+    for path in directory.glob(pattern):
+        path.unlink()
+
+
+def tool_lines(env: JobsEnv, run_id: str) -> list[Line]:
+    return [line for line in env.lines("tool_start") if line.args[0] == run_id]
+
+
+# --- enqueue, poll, complete ----------------------------------------------------------------
+
+
+async def test_a_tracked_run_is_queued_polled_and_completed(
+    served: Served, env: JobsEnv, redis_client: aioredis.Redis
+) -> None:
+    tag, prompt = plan(rounds=[[["effect", "a"], ["effect", "b"]]], answer="all done")
+    path = await start(served, prompt)
+    run_id = path.rsplit("/", 1)[1]
+    assert run_id.startswith("run_")
+    assert len(run_id) == 4 + 32
+
+    first = (await served.client.get(path)).json()  # the record exists before the job runs
+    assert first["status"] in ("queued", "in_progress", "complete")
+
+    record = await poll(served.client, path)
+    assert record["status"] == "complete"
+    assert record["outcome"]["status"] == "completed"
+    assert record["outcome"]["text"] == "all done after 1 rounds"
+    assert record["progress_pct"] == 100
+    assert record["attempt"] == 1
+    assert record["error"] is None
+    assert record["started_at"]
+    assert record["finished_at"]
+    assert [list(x.args[2:]) for x in tool_lines(env, run_id)] == [["effect", "a"], ["effect", "b"]]
+
+    # arq's result is small and carries no prompt: the job's only argument is the run id
+    raw = await redis_client.get(f"arq:result:{run_id}")
+    assert raw is not None
+    result = json.loads(raw)
+    assert result["a"] == [run_id]
+    assert result["r"] == {"run_id": run_id, "status": "complete"}
+    assert tag not in raw.decode()
+
+
+async def test_progress_reads_step_n_of_m_while_the_run_goes_on(served: Served) -> None:
+    _, prompt = plan(rounds=[[["effect", "a"]], [["effect", "b"]]], model_delay=0.4)
+    path = await start(served, prompt)
+    record = await poll(served.client, path, until=lambda r: r["progress_message"] == "step 1 of 8")
+    assert record["status"] == "in_progress"
+    assert record["progress_pct"] == 1 * 99 // 8
+    done = await poll(served.client, path)
+    assert done["status"] == "complete"
+    assert done["progress_message"] == "step 2 of 8"
+    assert done["progress_pct"] == 100
+
+
+def test_progress_formula() -> None:
+    assert progress_of(0, 8) == (0, "step 0 of 8")
+    assert progress_of(1, 8) == (12, "step 1 of 8")
+    assert progress_of(8, 8) == (99, "step 8 of 8")
+    assert progress_of(12, 8) == (99, "step 12 of 8")
+    assert progress_of(3, 0)[0] == 99  # max is at least 1
+
+
+async def test_a_delayed_run_waits_its_time(served: Served) -> None:
+    _, prompt = plan(answer="later")
+    run_id = await served.handle.enqueue_run_in(1.0, prompt)
+    path = f"/agent/runs/{run_id}"
+    await asyncio.sleep(0.3)
+    assert (await served.client.get(path)).json()["status"] == "queued"
+    record = await poll(served.client, path)
+    assert record["outcome"]["text"] == "later after 0 rounds"
+
+
+# --- approvals over HTTP --------------------------------------------------------------------
+
+
+async def test_a_paused_run_resumes_after_decisions_over_http(served: Served, env: JobsEnv) -> None:
+    _, prompt = plan(rounds=[[["effect", "a"]], [["send", "x"], ["send", "y"]]])
+    path = await start(served, prompt)
+    run_id = path.rsplit("/", 1)[1]
+    paused = await poll(served.client, path)
+    assert paused["status"] == "awaiting_approval"
+    assert paused["outcome"]["status"] == "awaiting_approval"
+    awaiting = paused["awaiting"]
+    assert [(a["name"], a["arguments"]["key"]) for a in awaiting] == [("send", "x"), ("send", "y")]
+    assert all("approval" in a["reason"] for a in awaiting)
+    x, y = (a["call_id"] for a in awaiting)
+    assert "state" not in paused
+    assert "messages" not in json.dumps(paused)
+
+    decisions = f"{path}/decisions"
+    unknown = await served.client.post(
+        decisions, json=[{"call_id": "nope", "approval": {"verdict": "approve"}}]
+    )
+    assert unknown.status_code == 409
+    assert unknown.json()["kind"] == "conflict"
+    assert "nope" in unknown.json()["detail"]
+
+    accepted = await served.client.post(
+        decisions,
+        json=[
+            {"call_id": x, "approval": {"verdict": "approve"}},
+            {"call_id": y, "approval": {"verdict": "reject", "reason": "not y"}},
+        ],
+    )
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json() == {"run_id": run_id, "status_path": path}
+    again = await served.client.post(
+        decisions, json=[{"call_id": x, "approval": {"verdict": "approve"}}]
+    )
+    assert again.status_code == 409  # a pause takes decisions once
+
+    done = await poll(served.client, path)
+    assert done["status"] == "complete", done
+    assert done["outcome"]["text"] == "done after 2 rounds"
+    assert done["awaiting"] == []
+    sent = [list(x.args[2:]) for x in tool_lines(env, run_id)]
+    assert sent == [["effect", "a"], ["send", "x"]]  # y was rejected; a did not run again
+
+
+async def test_decisions_for_runs_that_are_not_paused_answer_409_or_404(served: Served) -> None:
+    _, prompt = plan()
+    path = await start(served, prompt)
+    assert (await poll(served.client, path))["status"] == "complete"
+    body = [{"call_id": "c", "approval": {"verdict": "approve"}}]
+    finished = await served.client.post(f"{path}/decisions", json=body)
+    assert finished.status_code == 409
+    assert "not awaiting approval" in finished.json()["detail"]
+    missing = await served.client.post("/agent/runs/run_nope/decisions", json=body)
+    assert missing.status_code == 404
+    malformed = await served.client.post(f"{path}/decisions", json=[{"call_id": "c"}])
+    assert malformed.status_code == 422
+
+
+async def test_unknown_runs_answer_404(served: Served) -> None:
+    response = await served.client.get("/agent/runs/run_00000000000000000000000000000000")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["kind"] == "not_found"
+
+
+# --- ids, duplicates, expiry ----------------------------------------------------------------
+
+
+async def test_enqueueing_the_same_run_twice_is_a_no_op(served: Served, env: JobsEnv) -> None:
+    tag, prompt = plan(rounds=[[["effect", "once"]]])
+    args = AgentRunArgs(prompt=prompt)
+    first, second = await asyncio.gather(
+        served.plugin.enqueue_run_tracked(args), served.plugin.enqueue_run_tracked(args)
+    )
+    assert first == second
+    assert first.run_id == args.run_id
+    record = await poll(served.client, first.status_path)
+    assert record["status"] == "complete"
+    again = await served.handle.enqueue_run(args)  # after it finished: still the same run
+    assert again == args.run_id
+    await asyncio.sleep(0.4)
+    assert len([x for x in env.lines("model_start") if x.args[0] == tag]) == 2  # one run, 2 calls
+    assert len(tool_lines(env, args.run_id)) == 1
+    assert (await served.client.get(first.status_path)).json()["attempt"] == 1
+
+
+async def test_the_status_outlives_arqs_own_result(
+    served: Served, redis_client: aioredis.Redis
+) -> None:
+    _, prompt = plan(answer="kept")
+    path = await start(served, prompt)
+    run_id = path.rsplit("/", 1)[1]
+    await poll(served.client, path)
+    deadline = time.monotonic() + 5
+    while await redis_client.exists(f"arq:result:{run_id}", f"arq:job:{run_id}"):
+        assert time.monotonic() < deadline, "arq kept the result longer than keep_result"
+        await asyncio.sleep(0.1)
+    record = (await served.client.get(path)).json()
+    assert record["status"] == "complete"
+    assert record["outcome"]["text"] == "kept after 0 rounds"
+
+
+async def test_a_job_enqueued_by_hand_with_its_arguments_gets_a_record(
+    served: Served, redis_client: aioredis.Redis, env: JobsEnv
+) -> None:
+    """A producer outside the app may enqueue ``agent_run`` with the arguments' JSON."""
+    _, prompt = plan(answer="by hand")
+    args = AgentRunArgs(prompt=prompt, origin="followup", followup_depth=1)
+    jobs = served.handle.jobs
+    arq = await jobs.redis()
+    job = await arq.enqueue_job(
+        AGENT_RUN, args.model_dump_json(), _job_id=args.run_id, _queue_name=env.queue
+    )
+    assert job is not None
+    deadline = time.monotonic() + 10
+    while (await served.client.get(f"/agent/runs/{args.run_id}")).status_code == 404:
+        assert time.monotonic() < deadline, "the worker never recorded the run"
+        await asyncio.sleep(0.05)
+    record = await poll(served.client, f"/agent/runs/{args.run_id}")
+    assert record["status"] == "complete"
+    assert record["origin"] == "followup"
+    assert record["outcome"]["text"] == "by hand after 0 rounds"
+
+
+# --- retries --------------------------------------------------------------------------------
+
+
+async def test_a_retryable_failure_is_retried_with_the_same_run_id(
+    served: Served, env: JobsEnv
+) -> None:
+    tag, prompt = plan(
+        rounds=[[["effect", "a"]], [["effect", "b"]]],
+        fail={"round": 1, "times": 2, "kind": "rate_limited"},
+    )
+    path = await start(served, prompt)
+    run_id = path.rsplit("/", 1)[1]
+    record = await poll(served.client, path)
+    assert record["status"] == "complete", record
+    assert record["attempt"] == 3  # 2 failures, the third attempt finished
+    assert len([x for x in env.lines("model_fail") if x.args[0] == tag]) == 2
+    tools = tool_lines(env, run_id)
+    assert [list(x.args[2:]) for x in tools] == [
+        ["effect", "a"],
+        ["effect", "b"],
+    ]  # a did not run again
+    # the first model call was checkpointed: asked once, never again
+    assert [x.args[1] for x in env.lines("model_start") if x.args[0] == tag] == [
+        "0",
+        "1",
+        "1",
+        "1",
+        "2",
+    ]
+
+
+async def test_retryable_failures_stop_after_max_attempts(served: Served) -> None:
+    _, prompt = plan(fail={"round": 0, "times": 5, "kind": "unavailable"})
+    record = await poll(served.client, await start(served, prompt))
+    assert record["status"] == "failed"
+    assert record["attempt"] == 3
+    assert record["error"]["kind"] == "unavailable"
+    assert record["outcome"] is None
+
+
+async def test_other_failures_fail_at_once_with_the_typed_error(served: Served) -> None:
+    _, prompt = plan(fail={"round": 0, "times": 5, "kind": "authentication"})
+    record = await poll(served.client, await start(served, prompt))
+    assert record["status"] == "failed"
+    assert record["attempt"] == 1
+    assert record["error"] == {
+        "kind": "authentication",
+        "message": "scripted authentication",
+        "provider": "scripted",
+        "status": None,
+        "retry_after": None,
+    }
+
+
+# --- one writer per session -----------------------------------------------------------------
+
+
+async def test_two_runs_for_one_session_never_interleave(
+    served: Served, env: JobsEnv, redis_client: aioredis.Redis
+) -> None:
+    session = f"s-{time.monotonic_ns()}"
+    slow = {"rounds": [[["effect", "1"]], [["effect", "2"]]], "model_delay": 0.1}
+    (tag_a, prompt_a), (tag_b, prompt_b) = plan(**slow), plan(**slow)
+    path_a = await start(served, prompt_a, session=session)
+    path_b = await start(served, prompt_b, session=session)
+    a, b = await asyncio.gather(poll(served.client, path_a), poll(served.client, path_b))
+    assert (a["status"], b["status"]) == ("complete", "complete"), (a, b)
+
+    def span(tag: str) -> tuple[float, float]:
+        times = [x.time for x in env.lines() if x.event.startswith("model_") and x.args[0] == tag]
+        return min(times), max(times)
+
+    (a0, a1), (b0, b1) = span(tag_a), span(tag_b)
+    assert a1 < b0 or b1 < a0, "the two runs overlapped"
+
+    store = served.app.state.agent_runtime.session_store
+    messages = [e.message for e in await store.entries(session) if isinstance(e, MessageEntry)]
+    assert len(messages) == 12  # two turns of user, 3 x assistant, 2 x tool
+    users = [i for i, m in enumerate(messages) if m.role is Role.USER]
+    assert users == [0, 6]
+    first_tag = json.loads(messages[0].text_content)["tag"]
+    assert first_tag == (tag_a if a1 < b0 else tag_b)
+    assert not await redis_client.exists(f"{env.prefix}session-lock:{session}")  # released
+
+
+async def test_the_reject_policy_answers_409_while_the_session_is_busy(env: JobsEnv) -> None:
+    session = f"r-{time.monotonic_ns()}"
+    async with serve(env, AGENT_SESSION_LOCK="reject") as served:
+        _, slow = plan(rounds=[[["effect", "1"]]], model_delay=0.3)
+        path = await start(served, slow, session=session)
+        _, other = plan()
+        busy = await served.client.post("/agent/runs", json={"prompt": other, "session": session})
+        assert busy.status_code == 409
+        assert busy.json()["kind"] == "conflict"
+        assert session in busy.json()["detail"]
+        assert (await poll(served.client, path))["status"] == "complete"
+        later = await start(served, other, session=session)  # free again
+        assert (await poll(served.client, later))["status"] == "complete"
+        # another session is never blocked
+        elsewhere = await start(served, other, session=session + "-2")
+        assert (await poll(served.client, elsewhere))["status"] == "complete"
+
+
+# --- failure to reach Redis, and the API without a worker -----------------------------------
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_an_unreachable_redis_is_a_typed_error_naming_the_url_without_password(
+    env: JobsEnv,
+) -> None:
+    port = closed_port()
+    url = f"redis://:hunter2@127.0.0.1:{port}/0"
+    async with serve(env, AGENT_REDIS_URL=url) as served:
+        args = AgentRunArgs(prompt="hello")
+        with pytest.raises(AgentError) as caught:
+            await served.plugin.enqueue_run(args)
+        error = caught.value
+        assert error.kind is ErrorKind.UNAVAILABLE
+        assert f"redis://:***@127.0.0.1:{port}/0" in error.message
+        assert "hunter2" not in str(error) + repr(error)
+        response = await served.client.post("/agent/runs", json={"prompt": "hello"})
+        assert response.status_code == 503
+        assert "hunter2" not in response.text
+        assert response.json()["kind"] == "unavailable"
+        # nothing was recorded for a run that never reached the queue
+        assert (await served.client.get(f"/agent/runs/{args.run_id}")).status_code == 404
+
+
+async def test_the_enqueue_api_needs_a_running_plugin_with_background_runs(env: JobsEnv) -> None:
+    plugin = make_plugin(env.environ)
+    with pytest.raises(AgentError) as caught:
+        await plugin.enqueue_run("hello")
+    assert caught.value.kind is ErrorKind.UNAVAILABLE
+    assert "not installed" in caught.value.message
+
+    off = AgentPlugin(session_store=InMemorySessionStore(), environ={}, model=plugin.model)
+    assert off.job_options() is None
+    app = make_app(off)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as client,
+    ):
+        assert app.state.agent_runtime.jobs is None
+        assert app.state.agent_runtime.database is None
+        with pytest.raises(AgentError) as caught:
+            await off.enqueue_run("hello")
+        assert caught.value.kind is ErrorKind.CONFIG
+        assert (await client.get("/agent/runs/run_x")).status_code == 404  # no such route
+    with pytest.raises(AgentError, match="jobs=True"):
+        off.worker_settings()
+
+
+async def test_a_job_without_the_plugin_is_unavailable() -> None:
+    with pytest.raises(AgentError) as caught:
+        await agent_run({"job_id": "x", "job_try": 1}, "run_x")
+    assert caught.value.kind is ErrorKind.UNAVAILABLE
+    assert caught.value.http_status == 503
+
+
+# --- arguments and worker settings (no worker needed) ---------------------------------------
+
+
+def test_run_args_defaults_and_old_payloads() -> None:
+    args = AgentRunArgs.model_validate_json('{"prompt": "hi"}')
+    assert args.prompt == "hi"
+    assert args.system_prompt is None
+    assert args.max_steps is None
+    assert args.session is None
+    assert args.memory_scope is None
+    assert args.deliver is False
+    assert args.origin == "request"
+    assert args.followup_depth == 0
+    assert args.run_id.startswith("run_")
+    again = AgentRunArgs.model_validate_json(args.model_dump_json())
+    assert again == args  # the run id is minted once and travels with the arguments
+    assert AgentRunArgs(prompt="a").run_id != AgentRunArgs(prompt="a").run_id
+    newer = AgentRunArgs.model_validate({"prompt": "hi", "added_later": 1})
+    assert newer.prompt == "hi"
+    resume = AgentResumeArgs.model_validate({"run_id": "run_1"})
+    assert resume.decisions == []
+
+
+def test_run_args_from_a_prompt_or_args_with_fields() -> None:
+    built = run_args("hi", session="s", max_steps=3, run_id="my-run.1")
+    assert (built.prompt, built.session, built.max_steps, built.run_id) == (
+        "hi",
+        "s",
+        3,
+        "my-run.1",
+    )
+    base = AgentRunArgs(prompt="x")
+    assert run_args(base) is base
+    assert run_args(base, memory_scope="u1").run_id == base.run_id
+    for bad in ({"max_steps": 0}, {"run_id": "has space"}, {"origin": "cron"}, {"session": ""}):
+        with pytest.raises(AgentError) as caught:
+            run_args("hi", **bad)
+        assert caught.value.kind is ErrorKind.CONFIG
+        assert next(iter(bad)) in caught.value.message
+    with pytest.raises(AgentError):
+        run_args("")
+
+
+def test_job_options_are_checked_and_backoff_grows() -> None:
+    with pytest.raises(AgentError, match="max_attempts"):
+        JobOptions(max_attempts=0)
+    with pytest.raises(AgentError, match="lease"):
+        JobOptions(lease=0)
+    options = JobOptions(retry_backoff=1.0, max_backoff=10.0)
+    assert 0.5 <= options.backoff(1, None) <= 1.0
+    assert 2.0 <= options.backoff(3, None) <= 4.0
+    assert options.backoff(1, 7.0) == 7.0  # Retry-After wins
+    assert options.backoff(10, None) == 10.0
+    assert options.timeout_for(None) == 1800.0
+    assert options.timeout_for(120) == 180.0
+    assert JobOptions(job_timeout=5).timeout_for(120) == 5
+
+
+def test_worker_settings_build_an_arq_worker_from_the_plugin(env: JobsEnv) -> None:
+    settings = make_plugin(env.environ).worker_settings(max_jobs=3)
+    names = [f.name for f in settings.functions]
+    assert names == [AGENT_RUN, AGENT_RESUME]
+    assert settings.queue_name == env.queue
+    assert settings.redis_settings.host == "127.0.0.1"
+    assert settings.redis_settings.port == 6379
+    assert settings.keep_result == 1.0
+    assert settings.max_jobs == 3
+    assert callable(settings.on_startup)
+    assert callable(settings.on_shutdown)
+    assert settings.job_serializer({"a": 1}) == b'{"a":1}'
+
+
+def test_the_demo_worker_is_built_from_the_demo_plugin() -> None:
+    from example_app.main import app
+    from example_app.worker import WorkerSettings
+
+    assert [f.name for f in WorkerSettings.functions] == [AGENT_RUN, AGENT_RESUME]
+    assert WorkerSettings.queue_name == "arq:queue"
+    paths = set(app.openapi()["paths"])
+    assert {"/agent/runs", "/agent/runs/{run_id}", "/agent/runs/{run_id}/decisions"} <= paths
+
+
+async def test_a_delivery_that_cannot_reach_the_database_is_tried_again_later(
+    env: JobsEnv, tmp_path: Path
+) -> None:
+    database = tmp_path / "gone.db"
+    plugin = make_plugin({**env.environ, "AGENT_DATABASE_URL": f"sqlite+aiosqlite:///{database}"})
+    runtime = await plugin.start()
+    try:
+        assert runtime.jobs is not None
+        assert runtime.database is not None
+        redis = await runtime.jobs.redis()
+        await runtime.database.dispose()
+        # the next connection finds an empty database: no tables
+        await asyncio.to_thread(remove_files, tmp_path, "gone.db*")
+        ctx = {"redis": redis, "job_id": "run_gone", "job_try": 1, "agent_runtime": runtime}
+        with pytest.raises(Retry) as caught:
+            await agent_run(ctx, "run_gone")
+        assert caught.value.defer_score == 2000  # one lease
+    finally:
+        await runtime.aclose()
