@@ -186,8 +186,9 @@ class LoopDetected(_Outcome):
     usage: TokenUsage
 
 
-class AwaitingApproval(_Outcome):
-    status: Literal["awaiting_approval"] = "awaiting_approval"
+class _Stopped(_Outcome):
+    """An outcome that keeps the run's state so ``resume`` can continue it."""
+
     state: RunState
 
     @property
@@ -199,20 +200,15 @@ class AwaitingApproval(_Outcome):
         return self.state.usage
 
 
-class Paused(_Outcome):
+class AwaitingApproval(_Stopped):
+    status: Literal["awaiting_approval"] = "awaiting_approval"
+
+
+class Paused(_Stopped):
     """A hook paused the run at a boundary; ``resume(state)`` continues it."""
 
     status: Literal["paused"] = "paused"
     reason: str
-    state: RunState
-
-    @property
-    def steps_used(self) -> int:
-        return self.state.steps_used
-
-    @property
-    def usage(self) -> TokenUsage:
-        return self.state.usage
 
 
 class Cancelled(_Outcome):

@@ -5,12 +5,14 @@ Three pure pieces do the wire translation and are tested against recorded traffi
 (JSON body -> :class:`ChatResponse`) and the stream assembler behind
 :meth:`AnthropicClient.stream`, which folds the server-sent events back into the body
 :func:`parse_response` reads, so a streamed reply and a whole one come out equal.
+:meth:`AnthropicClient.encode_body` is what is sent: the same body as bytes, where each message
+(and the tool list) is encoded once per client and reused by every later request.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -48,9 +50,13 @@ from agent_plugin.providers.base import (
     merge_extra_body,
 )
 from agent_plugin.providers.http import (
+    EncodedCache,
     HttpTransport,
+    RawJson,
     SseEvent,
     _model_ids,
+    dumps,
+    encode_json,
     json_text,
     loads,
     require_key,
@@ -137,6 +143,11 @@ class AnthropicClient:
             secret=self._api_key,
             transport=transport,
         )
+        # encodings of the frozen messages and tool tuples this client has sent, unmarked; the
+        # tool list with its cache marker is kept apart
+        self._messages = EncodedCache()
+        self._tools = EncodedCache(max_entries=16)
+        self._marked_tools = EncodedCache(max_entries=16)
 
     @property
     def provider_name(self) -> str:
@@ -154,13 +165,16 @@ class AnthropicClient:
         )
 
     async def aclose(self) -> None:
+        """Release the connection pool (and the encodings kept for later requests)."""
+        for cache in (self._messages, self._tools, self._marked_tools):
+            cache.clear()
         await self._http.aclose()
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         """Send the request and return the whole reply."""
         data = await self._http.post_json(
             MESSAGES_PATH,
-            self.build_body(request, stream=False),
+            self.encode_body(request, stream=False),
             deadline=request.deadline,
             on_retry=request.on_retry,
         )
@@ -178,7 +192,7 @@ class AnthropicClient:
         assembler = _StreamAssembler()
         events = self._http.post_sse(
             MESSAGES_PATH,
-            self.build_body(request, stream=True),
+            self.encode_body(request, stream=True),
             deadline=request.deadline,
             on_retry=request.on_retry,
         )
@@ -209,42 +223,78 @@ class AnthropicClient:
         is built here, while tool schemas, tool inputs and extra values are shared with the
         request, not copied.
         """
-        caching = self.prompt_caching if request.prompt_caching is None else request.prompt_caching
+        caching = self._caching(request)
         messages: list[dict[str, Any]] = [
             {"role": _wire_role(message.role), "content": blocks}
             for message in request.messages
             if message.role is not Role.SYSTEM and (blocks := _blocks(message))
         ]
         tools: list[dict[str, Any]] = [_tool(tool) for tool in request.tools]
+        if caching:
+            if tools:
+                tools[-1]["cache_control"] = dict(_EPHEMERAL)
+            if messages:
+                _mark_last_block(messages[-1]["content"])
+        system = _system_text(request.messages)
+        return self._body(request, messages, tools, system, caching=caching, stream=stream)
+
+    def encode_body(self, request: ChatRequest, *, stream: bool) -> bytes:
+        """:meth:`build_body`'s body as the JSON bytes that are sent (the same bytes
+        ``json.dumps`` would give for it, compact and UTF-8).
+
+        Messages are frozen, so each one is encoded once and its bytes are reused by every later
+        request that holds the same object; so is the tool list when it is a tuple (the agent's
+        ``ToolRegistry.definitions()``). The last message, which carries the cache marker, the
+        options and the new messages are encoded per call. A message's content list must not be
+        edited in place once it has been sent: put a new message in its slot instead.
+        """
+        caching = self._caching(request)
+        history = request.messages
+        chunks = self._messages.encodings(history, _encoded_message)
+        # a system message encodes to nothing (it is sent apart), as does a message without
+        # blocks: the system text is found among those few, not by reading every message's role
+        system = _system_text([m for m, data in zip(history, chunks, strict=True) if not data])
+        if caching:  # the last message sent carries a cache marker: encode it afresh
+            for index in range(len(chunks) - 1, -1, -1):
+                if chunks[index]:
+                    chunks[index] = _encoded_message(history[index], marked=True)
+                    break
+        messages = RawJson(b"[" + b",".join(filter(None, chunks)) + b"]")
+        tools = RawJson(self._encoded_tools(request.tools, caching=caching))
+        body = self._body(request, messages, tools, system, caching=caching, stream=stream)
+        return encode_json(body)
+
+    def _caching(self, request: ChatRequest) -> bool:
+        return self.prompt_caching if request.prompt_caching is None else request.prompt_caching
+
+    def _body(
+        self,
+        request: ChatRequest,
+        messages: object,
+        tools: object,
+        system: str,
+        *,
+        caching: bool,
+        stream: bool,
+    ) -> dict[str, Any]:
+        """The body around the given ``messages`` and ``tools`` values, extra_body merged."""
         body: dict[str, Any] = {
             "model": request.model or self.model,
             "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
             "messages": messages,
             "tools": tools,
         }
-        system = "\n".join(
-            part.text
-            for message in request.messages
-            if message.role is Role.SYSTEM
-            for part in message.content
-            if isinstance(part, TextPart)
-        )
         if system:
             body["system"] = (
                 [{"type": "text", "text": system, "cache_control": dict(_EPHEMERAL)}]
                 if caching
                 else system
             )
-        if caching:
-            if tools:
-                tools[-1]["cache_control"] = dict(_EPHEMERAL)
-            if messages:
-                _mark_last_block(messages[-1]["content"])
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.stop:
             body["stop_sequences"] = list(request.stop)
-        if tools and request.tool_choice is not None:
+        if request.tools and request.tool_choice is not None:
             body["tool_choice"] = dict(
                 _TOOL_CHOICE.get(request.tool_choice)
                 or {"type": "tool", "name": request.tool_choice}
@@ -254,16 +304,58 @@ class AnthropicClient:
         merge_extra_body(body, request.extra_body)
         return body
 
+    def _encoded_tools(self, tools: Sequence[ToolDefinition], *, caching: bool) -> bytes:
+        """The ``tools`` array; kept per tuple (a list may change, so it is encoded each time)."""
+        cache = self._marked_tools if caching else self._tools
+        cacheable = isinstance(tools, tuple)
+        data = cache.get(tools) if cacheable else None
+        if data is None:
+            wire = [_tool(tool) for tool in tools]
+            if caching and wire:
+                wire[-1]["cache_control"] = dict(_EPHEMERAL)
+            data = dumps(wire)
+            if cacheable:
+                cache.put(tools, data)
+        return data
+
 
 # --- request -------------------------------------------------------------------------------
 
 
+_SYSTEM: Final = Role.SYSTEM  # a plain name: Role.SYSTEM is a slow lookup in a long loop
+_ASSISTANT: Final = Role.ASSISTANT
+
+
 def _wire_role(role: Role) -> str:
-    return "assistant" if role is Role.ASSISTANT else "user"
+    return "assistant" if role is _ASSISTANT else "user"
+
+
+def _system_text(messages: list[ChatMessage]) -> str:
+    """The text of the system messages among ``messages``, joined with newlines."""
+    return "\n".join(
+        part.text
+        for message in messages
+        if message.role is _SYSTEM
+        for part in message.content
+        if isinstance(part, TextPart)
+    )
 
 
 def _tool(tool: ToolDefinition) -> dict[str, Any]:
     return {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema}
+
+
+def _encoded_message(message: ChatMessage, *, marked: bool = False) -> bytes:
+    """One message's wire JSON, with the cache marker on its last block when ``marked``;
+    empty for a system message (sent apart) and for a message without blocks to send."""
+    if message.role is _SYSTEM:
+        return b""
+    blocks = _blocks(message)
+    if not blocks:
+        return b""
+    if marked:
+        _mark_last_block(blocks)
+    return dumps({"role": _wire_role(message.role), "content": blocks})
 
 
 def _blocks(message: ChatMessage) -> list[dict[str, Any]]:

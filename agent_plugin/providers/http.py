@@ -1,8 +1,9 @@
 """HTTP plumbing shared by the wire clients: one pooled httpx client, errors, SSE, retries.
 
 Also the small pieces both wire clients need in the same form: :func:`loads` (JSON text to a
-value, or a Decode error), :func:`json_text`, :func:`needs_api_key` / :func:`require_key` and
-:func:`_model_ids`.
+value, or a Decode error), :func:`json_text`, :func:`needs_api_key` / :func:`require_key`,
+:func:`_model_ids`, and the request encoding: :func:`encode_json` with :class:`RawJson` splices
+JSON encoded earlier into a body, and :class:`EncodedCache` keeps such encodings per object.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import codecs
 import contextlib
 import json
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import httpx
 
@@ -23,14 +25,21 @@ from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_a
 from agent_plugin.redaction import REDACTED, scrub
 
 __all__ = [
+    "EncodedCache",
     "HttpTransport",
+    "RawJson",
     "SseEvent",
+    "compact_json",
+    "dumps",
+    "encode_json",
     "iter_sse",
     "json_text",
     "loads",
     "needs_api_key",
     "require_key",
 ]
+
+_K = TypeVar("_K")
 
 _JSON_ERRORS: Final = (ValueError, RecursionError)  # RecursionError: absurdly deep nesting
 
@@ -57,6 +66,122 @@ def json_text(value: object) -> str:
         return json.dumps(value, ensure_ascii=False)
     except (TypeError, *_JSON_ERRORS):
         return repr(value)
+
+
+# The one request encoding: compact, UTF-8 as is (not \u-escaped). A prepared encoder skips
+# building one per call, which json.dumps does whenever an option differs from its defaults.
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def compact_json(value: object) -> str:
+    """``value`` as request JSON text: compact separators, non-ASCII characters as they are."""
+    return _ENCODER.encode(value)
+
+
+def dumps(value: object) -> bytes:
+    """``value`` as request JSON: :func:`compact_json` in UTF-8."""
+    return _ENCODER.encode(value).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class RawJson:
+    """JSON encoded earlier by :func:`dumps`, for :func:`encode_json` to splice in verbatim."""
+
+    data: bytes
+
+
+def encode_json(body: Mapping[str, Any]) -> bytes:
+    """``body`` as request JSON, with every top-level :class:`RawJson` value spliced in as is.
+
+    The bytes are those :func:`dumps` gives for ``body`` with each ``RawJson`` replaced by the value
+    it encodes, keys in the same order; the other values are encoded in runs, one
+    :func:`dumps` per run of consecutive keys.
+    """
+    out: list[bytes] = [b"{"]
+    run: dict[str, Any] = {}
+    for key, value in body.items():
+        if type(value) is not RawJson:
+            run[key] = value
+            continue
+        if run:
+            out += (dumps(run)[1:-1], b",")
+            run = {}
+        out += (dumps(key), b":", value.data, b",")
+    if run:
+        out.append(dumps(run)[1:-1])
+    elif len(out) > 1:
+        out.pop()  # the comma after the last spliced value
+    out.append(b"}")
+    return b"".join(out)
+
+
+class EncodedCache:
+    """Encodings of immutable objects (frozen messages, tuples of tool definitions), by identity.
+
+    An entry keeps its object alive, so the object's ``id`` cannot be reused while the entry
+    exists, and :meth:`get` checks identity anyway. Bounded both in entries and in encoded bytes:
+    the least recently used entries go first, and an encoding larger than the whole byte budget
+    is not kept. Equal but distinct objects get entries of their own. The defaults hold an agent's
+    long history, or a few hundred concurrent short runs. Each client has its own; not
+    thread-safe (one event loop uses a client).
+    """
+
+    def __init__(self, *, max_entries: int = 4096, max_bytes: int = 32 * 1024 * 1024) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[int, tuple[object, bytes]] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size(self) -> int:
+        """The encoded bytes held."""
+        return self._bytes
+
+    def clear(self) -> None:
+        """Drop every entry (and the references to their objects)."""
+        self._entries.clear()
+        self._bytes = 0
+
+    def get(self, key: object) -> bytes | None:
+        """The encoding stored for this very object, or None."""
+        entry = self._entries.get(id(key))
+        if entry is None or entry[0] is not key:
+            return None
+        self._entries.move_to_end(id(key))
+        return entry[1]
+
+    def encodings(self, keys: Iterable[_K], encode: Callable[[_K], bytes]) -> list[bytes]:
+        """The encoding of each key in order: stored ones reused, missing ones made by
+        ``encode`` and stored (:meth:`get` and :meth:`put` in one loop, for long histories)."""
+        entries = self._entries
+        touch = entries.move_to_end
+        out: list[bytes] = []
+        for key in keys:
+            entry = entries.get(id(key))
+            if entry is not None and entry[0] is key:
+                touch(id(key))
+                out.append(entry[1])
+            else:
+                data = encode(key)
+                self.put(key, data)
+                out.append(data)
+        return out
+
+    def put(self, key: object, data: bytes) -> None:
+        """Store ``data`` for ``key``; the least recently used entries beyond the bounds go."""
+        if len(data) > self.max_bytes:
+            return
+        old = self._entries.pop(id(key), None)
+        if old is not None:
+            self._bytes -= len(old[1])
+        self._entries[id(key)] = (key, data)
+        self._bytes += len(data)
+        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._bytes -= len(evicted)
 
 
 def needs_api_key(base_url: str) -> bool:
@@ -245,15 +370,16 @@ class HttpTransport:
     async def post_json(
         self,
         path: str,
-        body: Mapping[str, Any],
+        body: Mapping[str, Any] | bytes,
         *,
         deadline: float | None = None,
         on_retry: Callable[[RetryNotice], None] | None = None,
     ) -> Any:
         """The JSON body of a POST of ``body``; retryable failures are retried per the policy.
 
-        ``deadline`` (event-loop time) stops retrying when the next wait would pass it;
-        ``on_retry`` hears of each retry.
+        ``body`` is a mapping to encode, or JSON already encoded (sent as given). ``deadline``
+        (event-loop time) stops retrying when the next wait would pass it; ``on_retry`` hears of
+        each retry.
         """
         content = _encode(body)
         return await retry_call(
@@ -266,12 +392,12 @@ class HttpTransport:
     async def post_sse(
         self,
         path: str,
-        body: Mapping[str, Any],
+        body: Mapping[str, Any] | bytes,
         *,
         deadline: float | None = None,
         on_retry: Callable[[RetryNotice], None] | None = None,
     ) -> AsyncGenerator[SseEvent, None]:
-        """Server-sent events of a streaming POST.
+        """Server-sent events of a streaming POST of ``body`` (a mapping, or encoded JSON).
 
         Opening the stream and reading its first event are retried like any call (a stream
         that fails before producing anything has shown the caller nothing); once the first
@@ -451,5 +577,5 @@ def _scrub_cut(text: str, secret: str) -> str:
     return text
 
 
-def _encode(body: Mapping[str, Any]) -> bytes:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+def _encode(body: Mapping[str, Any] | bytes) -> bytes:
+    return body if isinstance(body, bytes) else dumps(body)

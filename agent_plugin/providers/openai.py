@@ -7,6 +7,8 @@ Three pure pieces do the wire translation and are tested against recorded traffi
 (JSON body -> :class:`ChatResponse`) and the stream assembler behind
 :meth:`OpenAICompatibleClient.stream`, which folds the chunks back into the body
 :func:`parse_response` reads, so a streamed reply and a whole one come out equal.
+:meth:`OpenAICompatibleClient.encode_body` is what is sent: the same body as bytes, where each
+message (and the tool list) is encoded once per client and reused by every later request.
 
 Quirks of real servers that are accepted: ``content`` null or ``""`` next to tool calls,
 tool-call ids that are ``""`` or integers, ``arguments`` given as an object (or TGI's
@@ -19,8 +21,7 @@ JSON, ``: comment`` lines, ``usage: null`` chunks, and errors reported inside a 
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -57,9 +58,14 @@ from agent_plugin.providers.base import (
     merge_extra_body,
 )
 from agent_plugin.providers.http import (
+    EncodedCache,
     HttpTransport,
+    RawJson,
     SseEvent,
     _model_ids,
+    compact_json,
+    dumps,
+    encode_json,
     json_text,
     loads,
     require_key,
@@ -111,6 +117,9 @@ class OpenAICompatibleClient:
             secret=self._api_key,
             transport=transport,
         )
+        # encodings of the frozen messages and tool tuples this client has sent
+        self._messages = EncodedCache()
+        self._tools = EncodedCache(max_entries=16)
 
     @property
     def provider_name(self) -> str:
@@ -124,7 +133,9 @@ class OpenAICompatibleClient:
         )
 
     async def aclose(self) -> None:
-        """Release the connection pool."""
+        """Release the connection pool (and the encodings kept for later requests)."""
+        self._messages.clear()
+        self._tools.clear()
         await self._http.aclose()
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
@@ -136,12 +147,29 @@ class OpenAICompatibleClient:
         removes the key). Never mutates ``request``; tool schemas and extra values are shared
         with it, not copied.
         """
-        body: dict[str, Any] = {
-            "model": request.model or self.model,
-            "messages": _messages(request.messages),
-        }
+        tools = [_tool_definition(tool) for tool in request.tools]
+        return self._body(request, _messages(request.messages), tools, stream=stream)
+
+    def encode_body(self, request: ChatRequest, *, stream: bool) -> bytes:
+        """:meth:`build_body`'s body as the JSON bytes that are sent (the same bytes
+        ``json.dumps`` would give for it, compact and UTF-8).
+
+        Messages are frozen, so each one is encoded once and its bytes are reused by every later
+        request that holds the same object; so is the tool list when it is a tuple (the agent's
+        ``ToolRegistry.definitions()``). Only the options and the new messages are encoded per
+        call. A message's content list must not be edited in place once it has been sent:
+        put a new message in its slot instead.
+        """
+        messages = RawJson(self._encoded_messages(request.messages))
+        tools = RawJson(self._encoded_tools(request.tools)) if request.tools else None
+        return encode_json(self._body(request, messages, tools, stream=stream))
+
+    def _body(
+        self, request: ChatRequest, messages: object, tools: object, *, stream: bool
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": request.model or self.model, "messages": messages}
         if request.tools:
-            body["tools"] = [_tool_definition(tool) for tool in request.tools]
+            body["tools"] = tools
             body["tool_choice"] = _tool_choice(request.tool_choice)
         if request.max_tokens is not None:
             body["max_tokens"] = request.max_tokens
@@ -155,11 +183,27 @@ class OpenAICompatibleClient:
         merge_extra_body(body, request.extra_body)
         return body
 
+    def _encoded_messages(self, messages: list[ChatMessage]) -> bytes:
+        """The ``messages`` array; each message's bytes come from the cache when they can."""
+        chunks = self._messages.encodings(messages, _encoded_message)
+        # a tool message without results sends nothing (its encoding is empty)
+        return b"[" + b",".join(filter(None, chunks)) + b"]"
+
+    def _encoded_tools(self, tools: Sequence[ToolDefinition]) -> bytes:
+        """The ``tools`` array; kept per tuple (a list may change, so it is encoded each time)."""
+        cacheable = isinstance(tools, tuple)
+        data = self._tools.get(tools) if cacheable else None
+        if data is None:
+            data = dumps([_tool_definition(tool) for tool in tools])
+            if cacheable:
+                self._tools.put(tools, data)
+        return data
+
     async def chat(self, request: ChatRequest) -> ChatResponse:
         """Send the request and return the whole reply."""
         data = await self._http.post_json(
             CHAT_PATH,
-            self.build_body(request, stream=False),
+            self.encode_body(request, stream=False),
             deadline=request.deadline,
             on_retry=request.on_retry,
         )
@@ -178,7 +222,7 @@ class OpenAICompatibleClient:
         assembler = _StreamAssembler(PROVIDER)
         sse = self._http.post_sse(
             CHAT_PATH,
-            self.build_body(request, stream=True),
+            self.encode_body(request, stream=True),
             deadline=request.deadline,
             on_retry=request.on_retry,
         )
@@ -212,25 +256,31 @@ class OpenAICompatibleClient:
 
 
 def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        if message.role is Role.TOOL:
-            out.extend(
-                {
-                    "role": "tool",
-                    "tool_call_id": part.tool_result.tool_call_id,
-                    "content": part.tool_result.content,
-                }
-                for part in message.content
-                if isinstance(part, ToolResultPart)
-            )
-        elif message.role is Role.ASSISTANT:
-            out.append(_assistant_message(message.content))
-        elif message.role is Role.USER and any(isinstance(p, ImagePart) for p in message.content):
-            out.append({"role": "user", "content": _content_array(message.content)})
-        else:
-            out.append({"role": message.role.value, "content": text_of(message.content)})
-    return out
+    return [wire for message in messages for wire in _wire_messages(message)]
+
+
+def _encoded_message(message: ChatMessage) -> bytes:
+    """The wire messages for one message as JSON, joined with commas (empty for none)."""
+    return b",".join(dumps(wire) for wire in _wire_messages(message))
+
+
+def _wire_messages(message: ChatMessage) -> list[dict[str, Any]]:
+    """The wire messages for one message: one, or one per result for a tool message."""
+    if message.role is Role.TOOL:
+        return [
+            {
+                "role": "tool",
+                "tool_call_id": part.tool_result.tool_call_id,
+                "content": part.tool_result.content,
+            }
+            for part in message.content
+            if isinstance(part, ToolResultPart)
+        ]
+    if message.role is Role.ASSISTANT:
+        return [_assistant_message(message.content)]
+    if message.role is Role.USER and any(isinstance(p, ImagePart) for p in message.content):
+        return [{"role": "user", "content": _content_array(message.content)}]
+    return [{"role": message.role.value, "content": text_of(message.content)}]
 
 
 def _assistant_message(parts: list[ContentPart]) -> dict[str, Any]:
@@ -261,7 +311,7 @@ def _wire_tool_call(call: ToolCall) -> dict[str, Any]:
     if call.raw_arguments is not None:
         arguments = call.raw_arguments
     else:
-        arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
+        arguments = compact_json(call.arguments)
     return {
         "id": call.id,
         "type": "function",

@@ -107,6 +107,28 @@ async def test_post_json_sends_the_body_and_headers(
     assert request.headers["content-type"] == "application/json"
 
 
+async def test_post_json_sends_encoded_bytes_as_given_on_every_attempt(
+    server: HttpServer, make_transport: MakeTransport
+) -> None:
+    raw = '{"model": "m",  "messages":[{"role":"user","content":"héllo"}]}'.encode()
+    server.queue(_error(503), reply_json(OK))
+    assert await make_transport().post_json("/chat/completions", raw) == OK
+    assert [request.body for request in server.requests] == [raw, raw]  # not re-encoded
+    assert server.requests[1].headers["content-type"] == "application/json"
+
+
+async def test_post_sse_sends_encoded_bytes_as_given(
+    server: HttpServer, make_transport: MakeTransport
+) -> None:
+    raw = json.dumps(BODY).encode()  # json.dumps' default spacing and \u escapes, kept
+    server.queue(sse([sse_event({"n": 1}), sse_event("[DONE]")]))
+    events = await _collect(make_transport().post_sse("/chat/completions", raw))
+    assert events == [SseEvent(None, '{"n": 1}'), SseEvent(None, "[DONE]")]
+    [request] = server.requests
+    assert request.body == raw
+    assert request.headers["accept"] == "text/event-stream"
+
+
 async def test_429_with_retry_after_one_second_waits_then_succeeds(
     server: HttpServer, make_transport: MakeTransport
 ) -> None:
