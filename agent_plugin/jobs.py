@@ -37,6 +37,37 @@ checkpoints after a crash, which never repeats a finished call.
 the run goes on, released at the end, expiring on its own if the worker dies). The
 ``session_lock`` setting picks what a second run for a busy session does: ``queue`` (it waits
 its turn) or ``reject`` (enqueueing it answers 409).
+
+**Reports** [AP-43]. A run enqueued with ``deliver=True`` (heartbeat ticks and follow-ups always
+are) reports how it ended to the runtime's :class:`~agent_plugin.proactive.Delivery` when its
+job ends: the answer unless it is silent (``HEARTBEAT_OK``), or the calls a pause waits on.
+The source is the run's origin (``job``, ``heartbeat``, ``followup``), or ``resume`` for the
+``agent_resume`` job after approval. The report goes out after the run's record is written and
+its session released; a delivery that fails or hangs is logged and never fails, retries or
+re-runs the job. Delivery is at least once: a worker that dies while delivering is replaced by
+one that delivers again (same :attr:`~agent_plugin.proactive.Report.key`, for the receiver to
+drop).
+
+**Heartbeat** [AP-44, AP-45]. With a :class:`~agent_plugin.proactive.Heartbeat`, the worker
+settings register the arq cron job ``agent_heartbeat`` (:func:`agent_heartbeat`). A tick is
+cheap: it only *enqueues* the check-in as a tracked ``agent_run`` (origin ``heartbeat``,
+delivery on), so the check-in gets what every background run has (a record to poll, the
+session lock, retries, checkpoints), and the tick job never waits for a model. A fleet
+heartbeat's tick is one arq job per schedule time for every worker (arq's unique cron job id,
+``agent_heartbeat:<time>``), and its run id derives from that id, so a second enqueue of the
+same tick is a no-op. A tick is skipped while a run of the heartbeat's session is active (see
+:meth:`RunQueue.session_active`); skips are logged and counted in Redis
+(:meth:`RunQueue.heartbeat_stats`). Missed ticks are not replayed: arq computes a cron job's
+next time from the moment the worker starts (``run_at_startup=False``), so after downtime the
+heartbeat resumes at its next scheduled time with one tick, not one per missed time. The
+check-in runs under :meth:`AgentRuntime.heartbeat_policy
+<agent_plugin.plugin.AgentRuntime.heartbeat_policy>` (read-only unless ``allow_actions``).
+
+**Follow-ups** [AP-46]. The ``schedule_followup`` tool books a delayed tracked run through
+:meth:`RunQueue.enqueue_followup`: same session and memory scope, delivery on, origin
+``followup``, one link deeper, with a run id derived from the booking call (a retried call books
+it once). A follow-up never holds its session while it waits; when due it queues behind the
+session's active run like any other.
 """
 
 from __future__ import annotations
@@ -44,18 +75,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict, Unpack, cast
 
 import sqlalchemy as sa
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from arq.constants import in_progress_key_prefix
+from arq.cron import CronJob, cron
 from arq.worker import Retry, func
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio.retry import Retry as RedisRetry
@@ -65,6 +100,7 @@ from redis.exceptions import RedisError
 from agent_plugin.agent import Agent
 from agent_plugin.config import mask_url
 from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.events import OutcomeSummary
 from agent_plugin.hooks import AgentHooks, RunControl
 from agent_plugin.ids import new_run_id
 from agent_plugin.journal import JournalEntry, RunJournal, Started, recover
@@ -74,6 +110,17 @@ from agent_plugin.outcomes import (
     AwaitingApproval,
     RunInfo,
     RunState,
+)
+from agent_plugin.proactive import (
+    DEFAULT_DELIVERY_TIMEOUT,
+    HEARTBEAT_TASK,
+    FollowupPlan,
+    Heartbeat,
+    ReportSource,
+    TickResult,
+    TickStatus,
+    deliver_outcome,
+    heartbeat_tick,
 )
 from agent_plugin.providers.base import ChatRequest
 from agent_plugin.redaction import redact_text, scrub
@@ -85,20 +132,25 @@ if TYPE_CHECKING:
     from agent_plugin.plugin import AgentPlugin, AgentRuntime
 
 __all__ = [
+    "AGENT_HEARTBEAT",
     "AGENT_RESUME",
     "AGENT_RUN",
     "AgentResumeArgs",
     "AgentRunArgs",
+    "HeartbeatStats",
     "JobOptions",
     "RunFields",
     "RunHandle",
     "RunOrigin",
     "RunQueue",
     "SessionLock",
+    "agent_heartbeat",
     "agent_resume",
     "agent_run",
+    "heartbeat_cron",
     "progress_of",
     "run_args",
+    "tick_run_id",
     "worker_settings",
 ]
 
@@ -108,6 +160,8 @@ AGENT_RUN: Final = "agent_run"
 """The arq function name of a run."""
 AGENT_RESUME: Final = "agent_resume"
 """The arq function name of a resume after approval."""
+AGENT_HEARTBEAT: Final = HEARTBEAT_TASK
+"""The arq cron job name of a heartbeat tick."""
 
 RunOrigin: TypeAlias = Literal["request", "followup", "heartbeat"]
 """Who started a run: an app request, an agent-booked follow-up, or a heartbeat tick."""
@@ -331,7 +385,7 @@ class SessionLock:
 
     def __init__(self, redis: ArqRedis, session_id: str, run_id: str, *, prefix: str) -> None:
         self.redis = redis
-        self.key = f"{prefix}session-lock:{session_id}"
+        self.key = _lock_key(prefix, session_id)
         self.session_id = session_id
         self.run_id = run_id
         self.held = False
@@ -471,15 +525,18 @@ class RunQueue:
 
     # --- enqueueing ------------------------------------------------------------------------
 
-    async def enqueue(self, args: AgentRunArgs, *, defer: float | None = None) -> RunHandle:
+    async def enqueue(
+        self, args: AgentRunArgs, *, defer: float | None = None, claim_session: bool = True
+    ) -> RunHandle:
         """Record the run (``queued``) and put its job on the queue, ``defer`` seconds later.
 
         A run id that exists already is a no-op (the run is enqueued again only while it is
         still queued, in case its job was lost). With ``session_lock = "reject"``, a session
-        that another run holds answers ``CONFLICT``.
+        that another run holds answers ``CONFLICT``, and the run holds its session from now
+        on; ``claim_session=False`` leaves the session free until the run starts (follow-ups).
         """
         redis = await self.redis()
-        lock = self._claim_for(args.session, args.run_id)
+        lock = self._claim_for(args.session, args.run_id) if claim_session else None
         claimed = 0
         if lock is not None:
             async with self._reaching_redis():
@@ -562,6 +619,164 @@ class RunQueue:
         logger.info("run %s: %d decision(s) accepted, resume queued", run_id, len(decisions))
         return self.handle(run_id)
 
+    async def enqueue_followup(self, plan: FollowupPlan) -> str:
+        """Enqueue the delayed run of a booked follow-up and return its run id [AP-46].
+
+        The run: ``plan.prompt`` in ``plan.session`` with ``plan.memory_scope``, delivery on,
+        origin ``followup``, ``followup_depth = plan.depth``, under
+        :meth:`~agent_plugin.proactive.FollowupPlan.derived_run_id` (a retried booking call
+        books it once), deferred by ``plan.delay``. It does not claim its session while it
+        waits (under ``session_lock = "reject"`` the calling run holds it anyway).
+        """
+        args = AgentRunArgs(
+            prompt=plan.prompt,
+            session=plan.session,
+            memory_scope=plan.memory_scope,
+            deliver=True,
+            origin="followup",
+            followup_depth=plan.depth,
+            run_id=plan.derived_run_id(),
+        )
+        handle = await self.enqueue(args, defer=plan.delay.total_seconds(), claim_session=False)
+        logger.info(
+            "follow-up %s booked by run %s for %d s from now (depth %d)",
+            handle.run_id,
+            plan.parent_run_id,
+            plan.delay_seconds,
+            plan.depth,
+        )
+        return handle.run_id
+
+    async def session_active(self, session: str | None) -> bool:
+        """Whether a run of ``session`` is active: running (its session lock is held, or its
+        record says ``in_progress``) or queued and due (waiting for a worker).
+
+        A run booked for later (a follow-up, ``enqueue_run_in``) does not count until its time
+        has come, nor does a run paused for approval. A heartbeat tick is skipped while this
+        answers True. No session: False.
+        """
+        if session is None:
+            return False
+        redis = await self.redis()
+        async with self._reaching_redis():
+            if await redis.exists(_lock_key(self.options.key_prefix, session)):
+                return True
+        rows = RunRow.__table__.c
+        query = (
+            sa.select(rows.run_id, rows.status)
+            .where(
+                rows.session_id == session,
+                rows.status.in_([RunStatus.QUEUED.value, RunStatus.IN_PROGRESS.value]),
+            )
+            .limit(100)
+        )
+        async with self.store.database.read() as conn:
+            found = (await conn.execute(query)).all()
+        if any(status == RunStatus.IN_PROGRESS.value for _, status in found):
+            return True
+        queued = [run_id for run_id, _ in found]
+        if not queued:
+            return False
+        async with self._reaching_redis(), redis.pipeline(transaction=False) as pipe:
+            for run_id in queued:
+                pipe.zscore(self.options.queue_name, run_id)
+            scores = await pipe.execute()
+        now_ms = time.time() * 1000
+        return any(score is not None and float(score) <= now_ms for score in scores)
+
+    # --- the heartbeat ---------------------------------------------------------------------
+
+    async def tick(self, heartbeat: Heartbeat, tick_id: str) -> dict[str, Any]:
+        """One heartbeat tick (what :func:`agent_heartbeat` does in a worker) [AP-45].
+
+        Runs :func:`~agent_plugin.proactive.heartbeat_tick` with the runtime as the app
+        state the precheck gets, :meth:`session_active` as the busy test and a ``start_run``
+        that enqueues the check-in as a tracked ``agent_run`` (origin ``heartbeat``, delivery
+        on) whose run id derives from ``tick_id``: the same tick enqueued twice is one run.
+        The run's policy is not carried in the job; its worker derives it from the origin
+        (:meth:`~agent_plugin.plugin.AgentRuntime.heartbeat_policy`). A session taken under
+        ``session_lock = "reject"`` is a busy skip too. Never raises: a failing precheck or an
+        unreachable Redis or database is logged and counted as ``failed``. Answers the status
+        (``started``, ``skipped_busy``, ``skipped_precheck``, ``failed``) and the run id.
+        """
+        run_id = tick_run_id(self.options.queue_name, tick_id)
+
+        async def start_run(
+            prompt: str, session: str | None, memory_scope: str | None, policy: object
+        ) -> RunHandle:
+            args = AgentRunArgs(
+                prompt=prompt,
+                session=session,
+                memory_scope=memory_scope,
+                deliver=True,
+                origin="heartbeat",
+                run_id=run_id,
+            )
+            return await self.enqueue(args)
+
+        try:
+            result = await heartbeat_tick(
+                heartbeat,
+                self.runtime,
+                start_run,
+                app_policy=self.runtime.policy,
+                is_busy=self.session_active,
+            )
+        except AgentError as error:
+            if error.kind is not ErrorKind.CONFLICT:
+                return await self._tick_failed(error.message)
+            logger.info("heartbeat tick skipped: %s", error.message)
+            result = TickResult(TickStatus.SKIPPED_BUSY)
+        except Exception as error:  # a database or Redis failure, a bug in a precheck
+            return await self._tick_failed(redact_text(f"{type(error).__name__}: {error}"))
+        started = result.run.run_id if isinstance(result.run, RunHandle) else None
+        if started is not None:
+            logger.info("heartbeat tick started run %s", started)
+        await self._count_tick(result.status.value, started)
+        return {"status": result.status.value, "run_id": started}
+
+    async def _tick_failed(self, message: str) -> dict[str, Any]:
+        logger.warning("heartbeat tick failed: %s", message)
+        await self._count_tick(_TICK_FAILED, None)
+        return {"status": _TICK_FAILED, "error": message}
+
+    @property
+    def _heartbeat_key(self) -> str:
+        return f"{self.options.key_prefix}heartbeat"
+
+    async def _count_tick(self, status: str, run_id: str | None) -> None:
+        """Count the tick in the Redis hash :meth:`heartbeat_stats` reads (best effort)."""
+        try:
+            redis = await self.redis()
+            async with redis.pipeline(transaction=True) as pipe:
+                pipe.hincrby(self._heartbeat_key, status, 1)
+                pipe.hset(
+                    self._heartbeat_key,
+                    mapping={
+                        "last_tick_at": datetime.now(UTC).isoformat(),
+                        "last_status": status,
+                        "last_run_id": run_id or "",
+                    },
+                )
+                await pipe.execute()
+        except (AgentError, RedisError, OSError, TimeoutError) as error:
+            logger.warning("heartbeat tick (%s) not counted: %s", status, error)
+
+    async def heartbeat_stats(self) -> HeartbeatStats:
+        """What the heartbeat's ticks did, counted across every worker of this queue."""
+        redis = await self.redis()
+        async with self._reaching_redis():
+            raw = await cast(Awaitable[dict[Any, Any]], redis.hgetall(self._heartbeat_key))
+        values = {
+            (k.decode() if isinstance(k, bytes) else str(k)): (
+                v.decode() if isinstance(v, bytes) else str(v)
+            )
+            for k, v in raw.items()
+        }
+        return HeartbeatStats.model_validate(
+            {key: value for key, value in values.items() if value != ""}
+        )
+
     def _claim_for(self, session: str | None, run_id: str) -> SessionLock | None:
         if session is None or self.runtime.settings.session_lock != "reject":
             return None
@@ -574,6 +789,36 @@ class RunQueue:
         if record is None:
             raise AgentError(ErrorKind.NOT_FOUND, f"no run {run_id!r}")
         return record
+
+
+_TICK_FAILED: Final = "failed"
+
+
+class HeartbeatStats(BaseModel):
+    """The heartbeat's ticks so far, counted in Redis across every worker of a queue
+    (:meth:`RunQueue.heartbeat_stats`): how many started a check-in run, were skipped (a
+    run of the session was active; the precheck said no) or failed, and the latest tick."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    started: int = 0
+    skipped_busy: int = 0
+    skipped_precheck: int = 0
+    failed: int = 0
+    last_tick_at: datetime | None = None
+    last_status: str | None = None
+    last_run_id: str | None = None
+
+
+def tick_run_id(queue_name: str, tick_id: str) -> str:
+    """The run id of a heartbeat tick's check-in: ``run_`` and 32 hex digits derived from the
+    queue and the tick's arq job id (the same for every worker that enqueues a fleet tick)."""
+    seed = f"heartbeat:{queue_name}:{tick_id}"
+    return f"run_{hashlib.sha256(seed.encode('utf-8')).hexdigest()[:32]}"
+
+
+def _lock_key(prefix: str, session: str) -> str:
+    return f"{prefix}session-lock:{session}"
 
 
 def _session_busy(session: str | None) -> AgentError:
@@ -675,6 +920,7 @@ class _Delivery:
         args: AgentRunArgs | None,
         *,
         retry_errors: bool,
+        resume: bool = False,
     ) -> None:
         self.queue = queue
         self.store = queue.store
@@ -685,9 +931,13 @@ class _Delivery:
         self.run_id = run_id
         self.args = args
         self.retry_errors = retry_errors
+        self.resume = resume
+        """An ``agent_resume`` job: its report's source is ``resume``."""
         self.retry_delay: float | None = None
         """Set when the delivery ends with arq's ``Retry``: seconds until the next attempt."""
         self.session: str | None = None
+        self.ended: AgentOutcome | OutcomeSummary | None = None
+        """How the run ended (or, found ended by a re-delivery, its record's summary)."""
 
     def result(self, status: RunStatus | str) -> dict[str, Any]:
         """The job's result in arq: the run id and its status; never the outcome or a secret."""
@@ -731,7 +981,40 @@ class _Delivery:
             if session is not None:
                 lock = SessionLock(self.redis, session, self.run_id, prefix=self.options.key_prefix)
                 keeper.lock = lock
-            return await self._run_in_time(args, lock)
+            result = await self._run_in_time(args, lock)
+            if args is not None and args.deliver:
+                await self._report(args)
+            return result
+
+    async def _report(self, args: AgentRunArgs) -> None:
+        """Deliver how the run ended, once per job (at least once: see the module docs).
+
+        A marker in Redis (per arq job id) says the report went out, so a re-delivered job
+        that finds its run already ended reports only if its first delivery did not get to.
+        """
+        ended = self.ended
+        if ended is None:
+            return
+        runtime = self.queue.runtime
+        source = ReportSource.RESUME if self.resume else ReportSource.for_origin(args.origin)
+        marker = f"{self.options.key_prefix}reported:{self.job_id}"
+        try:
+            if await self.redis.exists(marker):
+                return
+        except (RedisError, OSError, TimeoutError) as error:
+            logger.warning("run %s: cannot check its report marker (%s)", self.run_id, error)
+        await deliver_outcome(
+            runtime.delivery,
+            ended,
+            source=source,
+            run_id=self.run_id,
+            session_id=self.session,
+            limit=_delivery_limit(runtime.delivery),
+        )
+        try:
+            await self.redis.set(marker, b"1", ex=_MARKER_TTL)
+        except (RedisError, OSError, TimeoutError) as error:
+            logger.warning("run %s: cannot mark its report as sent (%s)", self.run_id, error)
 
     @property
     def lock_ttl(self) -> float:
@@ -808,7 +1091,11 @@ class _Delivery:
 
     async def _current_status(self) -> dict[str, Any]:
         current = await self.store.get(self.run_id)
-        return self.result(current.status if current is not None else "unknown")
+        if current is None:
+            return self.result("unknown")
+        if current.outcome is not None and current.status in _REPORTABLE:
+            self.ended = current.outcome  # a re-delivery: report it if the first did not
+        return self.result(current.status)
 
     async def _start_and_drive(self, args: AgentRunArgs | None) -> dict[str, Any]:
         try:
@@ -821,6 +1108,7 @@ class _Delivery:
         try:
             outcome = await self._drive(record, args)
             record = await self.store.finish(self.run_id, outcome)
+            self.ended = outcome
         except AgentError as error:
             return await self._failed(error, attempt)
         except Exception as error:  # a bug in app code (a hook, a policy, a store)
@@ -892,11 +1180,15 @@ class _Delivery:
         store = self.store
         runtime = self.queue.runtime
         journal = store.journal(self.run_id, attempt=record.attempt)
+        heartbeat = args is not None and args.origin == "heartbeat"
         agent = runtime.agent_with(
             args.memory_scope if args is not None else record.memory_scope,
             system_prompt=args.system_prompt if args is not None else None,
             max_steps=args.max_steps if args is not None else None,
             hooks=[_Progress(store, self.run_id)],
+            policy=runtime.heartbeat_policy() if heartbeat else None,
+            followup_depth=args.followup_depth if args is not None else 0,
+            session=self.session,
         )
         first = record.attempt == 1  # never started before: no checkpoints, no pause
         entries = [] if first else await store.journal_entries(self.run_id)
@@ -975,6 +1267,20 @@ def _queue_of(ctx: dict[str, Any]) -> RunQueue:
     return jobs
 
 
+_REPORTABLE: Final = frozenset({RunStatus.COMPLETE, RunStatus.AWAITING_APPROVAL})
+_MARKER_TTL: Final = 86_400
+
+
+def _delivery_limit(delivery: object) -> float:
+    """Seconds a report may take: the delivery's own ``timeout`` and a second, at most
+    :data:`~agent_plugin.proactive.DEFAULT_DELIVERY_TIMEOUT` (the headroom the worker's job
+    timeout leaves for it)."""
+    own = getattr(delivery, "timeout", None)
+    if isinstance(own, int | float) and not isinstance(own, bool) and 0 < own < float("inf"):
+        return min(float(own) + 1.0, DEFAULT_DELIVERY_TIMEOUT)
+    return DEFAULT_DELIVERY_TIMEOUT
+
+
 def _payload(payload: str) -> tuple[str, AgentRunArgs | None]:
     text = payload.strip()
     if not text.startswith("{"):
@@ -1019,16 +1325,65 @@ async def agent_resume(ctx: dict[str, Any], run_id: str) -> dict[str, Any]:
     replaced, and its successor continues from the checkpoints without repeating a call.
     """
     queue = _queue_of(ctx)
-    return await _deliver(_Delivery(queue, ctx, run_id.strip(), None, retry_errors=False))
+    delivery = _Delivery(queue, ctx, run_id.strip(), None, retry_errors=False, resume=True)
+    return await _deliver(delivery)
+
+
+async def agent_heartbeat(ctx: dict[str, Any]) -> dict[str, Any]:
+    """The arq cron job ``agent_heartbeat``: one tick of the plugin's heartbeat [AP-45].
+
+    See :meth:`RunQueue.tick`. In a worker where the plugin has not started (or that has no
+    heartbeat) it does nothing but log a warning: a tick is never an error.
+    """
+    runtime = ctx.get(_RUNTIME_KEY)
+    queue = getattr(runtime, "jobs", None)
+    heartbeat = getattr(runtime, "heartbeat", None)
+    if not isinstance(queue, RunQueue) or not isinstance(heartbeat, Heartbeat):
+        logger.warning(
+            "agent_heartbeat: the agent plugin has not started in this worker (or has no "
+            "heartbeat); the tick does nothing"
+        )
+        return {"status": "not_started"}
+    tick_id = str(ctx.get("job_id") or uuid.uuid4().hex)
+    return await queue.tick(heartbeat, tick_id)
 
 
 # --- the worker -----------------------------------------------------------------------------
+
+
+_TICK_TIMEOUT: Final = 60.0
+"""Seconds one heartbeat tick may take (a precheck and an enqueue)."""
+_TICK_KEEP_RESULT: Final = 60.0
+"""Seconds arq keeps a fleet tick's result, so a worker that enqueues the same tick late finds
+it done (arq's enqueue is a no-op while the job or its result exists)."""
+
+
+def heartbeat_cron(heartbeat: Heartbeat) -> CronJob:
+    """The arq cron job of ``heartbeat``: :func:`agent_heartbeat` named ``agent_heartbeat`` on
+    the heartbeat's schedule, unique across workers unless ``per_replica``.
+
+    ``run_at_startup=False``: a worker that starts (after downtime too) waits for the next
+    scheduled time, so missed ticks are never replayed. Evaluate it in a worker whose
+    ``timezone`` is :meth:`Heartbeat.tzinfo <agent_plugin.proactive.Heartbeat.tzinfo>`.
+    """
+    return cron(
+        agent_heartbeat,
+        name=AGENT_HEARTBEAT,
+        unique=heartbeat.fleet,
+        run_at_startup=False,
+        timeout=_TICK_TIMEOUT,
+        keep_result=_TICK_KEEP_RESULT if heartbeat.fleet else 0,
+        max_tries=1,
+        **heartbeat.cron_fields(),
+    )
 
 
 def worker_settings(plugin: AgentPlugin, options: JobOptions, **overrides: Any) -> type[Any]:
     """arq ``WorkerSettings`` for ``plugin``: see :meth:`AgentPlugin.worker_settings`."""
     settings = plugin.load_settings()
     timeout = options.timeout_for(settings.max_run_secs)
+    # the run's own limit, then its report (bounded by _delivery_limit), then a margin
+    job_timeout = timeout + DEFAULT_DELIVERY_TIMEOUT + 5
 
     async def on_startup(ctx: dict[str, Any]) -> None:
         runtime = await plugin.start_worker()
@@ -1038,6 +1393,8 @@ def worker_settings(plugin: AgentPlugin, options: JobOptions, **overrides: Any) 
         queue.attach(ctx["redis"])
         ctx[_RUNTIME_KEY] = runtime
         logger.info("agent worker started: %r, %r", runtime, queue)
+        if runtime.heartbeat is not None:
+            logger.info("agent heartbeat: %s", runtime.heartbeat.description())
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         runtime = ctx.pop(_RUNTIME_KEY, None)
@@ -1045,14 +1402,27 @@ def worker_settings(plugin: AgentPlugin, options: JobOptions, **overrides: Any) 
             await plugin.stop_worker(runtime)
 
     functions = [
-        func(agent_run, name=AGENT_RUN, timeout=timeout + 5, max_tries=options.max_deliveries + 1),
+        func(agent_run, name=AGENT_RUN, timeout=job_timeout, max_tries=options.max_deliveries + 1),
         func(
             agent_resume,
             name=AGENT_RESUME,
-            timeout=timeout + 5,
+            timeout=job_timeout,
             max_tries=options.max_deliveries + 1,
         ),
     ]
+    cron_jobs: list[CronJob] = list(overrides.pop("cron_jobs", None) or ())
+    heartbeat = plugin.heartbeat
+    if heartbeat is not None:
+        zone = heartbeat.tzinfo()
+        given = overrides.setdefault("timezone", zone)
+        if given != zone:
+            raise AgentError.config(
+                f"the worker's timezone override {given!r} differs from the heartbeat's "
+                f"({heartbeat.timezone}); arq evaluates every cron job in the worker's timezone, "
+                "so leave it out (or give the heartbeat the same timezone)"
+            )
+        cron_jobs.insert(0, heartbeat_cron(heartbeat))
+        logger.debug("heartbeat registered: %s", heartbeat.description())
     attributes: dict[str, Any] = {
         "__doc__": "arq worker settings built by AgentPlugin.worker_settings().",
         "functions": functions,
@@ -1060,7 +1430,8 @@ def worker_settings(plugin: AgentPlugin, options: JobOptions, **overrides: Any) 
         "queue_name": options.queue_name,
         "on_startup": on_startup,
         "on_shutdown": on_shutdown,
-        "job_timeout": timeout + 5,
+        "cron_jobs": cron_jobs,
+        "job_timeout": job_timeout,
         "max_tries": options.max_deliveries + 1,
         "keep_result": options.keep_result,
         "max_jobs": options.max_jobs,

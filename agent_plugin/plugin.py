@@ -50,6 +50,12 @@ to be dereferenced; ``kind`` repeats the kind for clients that switch on it, and
 ``retry_after`` appear when known (plus a ``Retry-After`` header). The detail is the error's
 message: API keys never appear in it and a provider's body is cut at 500 characters.
 
+**Always-on.** ``heartbeat=`` schedules check-ins that the workers run (see
+:meth:`AgentPlugin.worker_settings`), ``followups=`` (or :meth:`AgentPlugin.followups`) lets
+agents book their own next run, and ``delivery=`` says where the reports of those background
+runs go (:mod:`agent_plugin.proactive`). Heartbeats and follow-ups need background runs;
+startup checks all three.
+
 **Lifespan order.** ``install`` wraps the app's own lifespan: the plugin starts first and stops
 last, so the app's startup and shutdown code can use the agent. An app that builds
 ``FastAPI(lifespan=plugin.lifespan)`` itself may still call ``install`` for the routes: the
@@ -83,7 +89,8 @@ from agent_plugin.health import AgentHealth, health_router
 from agent_plugin.hooks import AgentHooks
 from agent_plugin.memory import DEFAULT_SCOPE, MemoryStore
 from agent_plugin.outcomes import AgentOutcome, ApprovalDecision, RunState
-from agent_plugin.policy import AllowAll, ToolPolicy
+from agent_plugin.policy import AllowAll, Strictest, ToolPolicy, ToolRules
+from agent_plugin.proactive import Delivery, FollowupPlan, FollowupTool, Heartbeat, LogDelivery
 from agent_plugin.providers.base import LlmClient
 from agent_plugin.providers.factory import create_client
 from agent_plugin.sessions import Compaction, SessionStore, resume_in_session, run_in_session
@@ -93,6 +100,7 @@ from agent_plugin.tools import Tool, ToolEffect, ToolRegistry
 if TYPE_CHECKING:
     from agent_plugin.jobs import (
         AgentRunArgs,
+        HeartbeatStats,
         JobOptions,
         RunFields,
         RunHandle,
@@ -121,6 +129,8 @@ PROBLEM_TYPE_PREFIX: Final = "tag:fastapi-agent-plugin,2025:error/"
 
 NOT_INSTALLED: Final = "agent plugin is not installed"
 
+_MIN_FOLLOWUP: Final = timedelta(minutes=1)
+
 ModelFactory: TypeAlias = Callable[[AgentSettings], LlmClient | None]
 """Builds the model from the loaded settings; ``None`` means "build the configured provider"."""
 
@@ -137,8 +147,13 @@ class AgentRuntime:
     """What the plugin builds at startup and shares with every request: one per app.
 
     Holds the provider client, the settings, the tools, hooks, policy, stores, skills and
-    compaction, and builds :class:`Agent` s from them with :meth:`agent`. ``delivery``,
-    ``heartbeat`` and ``followups`` are kept for the background and always-on features.
+    compaction, and builds :class:`Agent` s from them with :meth:`agent`.
+
+    The always-on parts: ``delivery`` receives the reports of background runs with delivery
+    on (a :class:`~agent_plugin.proactive.LogDelivery` when none is given; one with an
+    ``aclose`` method is closed with the runtime), ``heartbeat`` is what the worker's
+    ``agent_heartbeat`` job ticks, and ``followups`` (the longest delay, a timedelta) gives
+    every agent the ``schedule_followup`` tool (see :meth:`enqueue_followup`).
     """
 
     def __init__(
@@ -153,9 +168,9 @@ class AgentRuntime:
         memory_store: MemoryStore | None = None,
         skills: Sequence[Skill] = (),
         compaction: Compaction | None = None,
-        delivery: object | None = None,
-        heartbeat: object | None = None,
-        followups: object | None = None,
+        delivery: Delivery | None = None,
+        heartbeat: Heartbeat | None = None,
+        followups: timedelta | None = None,
         database: Database | None = None,
         owns_client: bool = False,
     ) -> None:
@@ -168,9 +183,10 @@ class AgentRuntime:
         self.memory_store = memory_store
         self.skills = tuple(skills)
         self.compaction = compaction
-        self.delivery = delivery
+        self.delivery: Delivery = delivery if delivery is not None else LogDelivery()
         self.heartbeat = heartbeat
         self.followups = followups
+        """The longest delay of a follow-up; ``None``: agents get no ``schedule_followup``."""
         self.database = database
         self.jobs: RunQueue | None = None
         """Background runs (:mod:`agent_plugin.jobs`); ``None`` when they are off."""
@@ -189,8 +205,9 @@ class AgentRuntime:
 
         ``max_steps``, ``max_tokens``, ``system_prompt`` and ``max_run_secs`` (the wall-clock
         limit) come from the settings; tools, hooks, policy, skills and the memory store from
-        the plugin. The default scope's agent is built once and shared (agents keep no per-run
-        state); other scopes get a fresh one.
+        the plugin, and with ``followups`` the ``schedule_followup`` tool (a chain's first
+        link; it books the follow-up in the calling run's session). The default scope's agent
+        is built once and shared (agents keep no per-run state); other scopes get a fresh one.
         """
         if scope is None or scope == DEFAULT_SCOPE:
             if self._default_agent is None:
@@ -205,18 +222,50 @@ class AgentRuntime:
         system_prompt: str | None = None,
         max_steps: int | None = None,
         hooks: Sequence[AgentHooks] = (),
+        policy: ToolPolicy | None = None,
+        followup_depth: int = 0,
+        session: str | None = None,
     ) -> Agent:
         """A fresh agent like :meth:`agent`, with this run's overrides.
 
         ``system_prompt`` and ``max_steps`` replace the settings when given; ``hooks`` run
-        after the plugin's own. Background runs build their agents here.
+        after the plugin's own; ``policy`` replaces the plugin's (a heartbeat tick's read-only
+        policy). ``followup_depth`` and ``session`` place the ``schedule_followup`` tool in its
+        chain (a follow-up run is ``followup_depth`` links deep). Background runs build their
+        agents here.
         """
         return self._build_agent(
             scope or DEFAULT_SCOPE,
             system_prompt=system_prompt,
             max_steps=max_steps,
             hooks=hooks,
+            policy=policy,
+            followup_depth=followup_depth,
+            session=session,
         )
+
+    def heartbeat_policy(self) -> ToolPolicy:
+        """The policy of a heartbeat tick's run: the heartbeat's
+        :meth:`~agent_plugin.proactive.Heartbeat.run_args_policy` of the plugin's policy, or
+        (a tick queued before the heartbeat was removed) the read-only one."""
+        if self.heartbeat is not None:
+            return self.heartbeat.run_args_policy(self.policy)
+        return Strictest([self.policy, ToolRules.read_only()])
+
+    async def enqueue_followup(self, plan: FollowupPlan) -> str:
+        """Book a follow-up the agent asked for: a delayed tracked ``agent_run`` (see
+        :meth:`agent_plugin.jobs.RunQueue.enqueue_followup`); returns its run id.
+
+        Without background runs this raises an ``unavailable`` :class:`AgentError`, which the
+        tool reports to the model as "cannot schedule the follow-up: ...".
+        """
+        jobs = self.jobs
+        if jobs is None:
+            raise AgentError(
+                ErrorKind.UNAVAILABLE,
+                "background runs are off for this plugin, so nothing can run later",
+            )
+        return await jobs.enqueue_followup(plan)
 
     def _build_agent(
         self,
@@ -225,16 +274,30 @@ class AgentRuntime:
         system_prompt: str | None = None,
         max_steps: int | None = None,
         hooks: Sequence[AgentHooks] = (),
+        policy: ToolPolicy | None = None,
+        followup_depth: int = 0,
+        session: str | None = None,
     ) -> Agent:
         settings = self.settings
+        tools: list[Tool] = list(self.tools)
+        if self.followups is not None:
+            tools.append(
+                FollowupTool(
+                    self.enqueue_followup,
+                    max_delay=self.followups,
+                    depth=followup_depth,
+                    session=session,
+                    memory_scope=scope,
+                )
+            )
         return Agent(
             self.client,
-            tools=self.tools,
+            tools=tools,
             system_prompt=system_prompt if system_prompt is not None else settings.system_prompt,
             max_steps=max_steps if max_steps is not None else settings.max_steps,
             max_tokens=settings.max_tokens,
             hooks=[*self.hooks, *hooks],
-            policy=self.policy,
+            policy=policy if policy is not None else self.policy,
             max_duration=settings.max_run_secs,
             memory=self.memory_store,
             memory_scope=scope,
@@ -253,8 +316,9 @@ class AgentRuntime:
         return task
 
     async def aclose(self) -> None:
-        """Cancel tracked tasks, close Redis, dispose the database, close the client the
-        plugin built."""
+        """Cancel tracked tasks, close Redis and the delivery (when it has an ``aclose``, as
+        :class:`~agent_plugin.proactive.WebhookDelivery` has), dispose the database, close the
+        client the plugin built."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -265,11 +329,22 @@ class AgentRuntime:
             if self.jobs is not None:
                 with contextlib.suppress(Exception):
                     await self.jobs.aclose()
+            await _close_delivery(self.delivery)
             if self.database is not None:
                 await self.database.dispose()
         finally:
             if self._owns_client:
                 await self.client.aclose()
+
+
+async def _close_delivery(delivery: Delivery) -> None:
+    close = getattr(delivery, "aclose", None)
+    if not callable(close):
+        return
+    try:
+        await close()
+    except Exception as error:  # closing must not stop the rest of the shutdown
+        logger.warning("closing the delivery %r failed: %s", delivery, error)
 
 
 # --- the plugin -----------------------------------------------------------------------------
@@ -294,8 +369,15 @@ class AgentPlugin:
       ``environ`` and ``config_file`` replace ``os.environ`` and ``AGENT_CONFIG_FILE``.
     * ``auto_migrate``: see the module documentation (``None``: SQLite yes, PostgreSQL no).
     * ``health``: the :class:`AgentHealth` component (to tune its cache and time limit).
-    * ``delivery``, ``heartbeat``, ``followups``: kept on the runtime for the always-on
-      features.
+    * ``delivery``: where the reports of background runs with delivery on go (heartbeat
+      ticks, follow-ups, runs enqueued with ``deliver=True``): a
+      :class:`~agent_plugin.proactive.Delivery` such as
+      :class:`~agent_plugin.proactive.WebhookDelivery`; default
+      :class:`~agent_plugin.proactive.LogDelivery`.
+    * ``heartbeat``: a :class:`~agent_plugin.proactive.Heartbeat` the workers tick (an arq
+      cron job named ``agent_heartbeat``, see :meth:`worker_settings`).
+    * ``followups``: the longest delay (a timedelta of at least a minute) of the
+      ``schedule_followup`` tool every agent then gets; also :meth:`followups`.
     * ``jobs``: background runs on arq (:mod:`agent_plugin.jobs`): ``None`` (the default) turns
       them on when the plugin uses its SQL database anyway (the default stores), ``True`` or a
       :class:`~agent_plugin.jobs.JobOptions` turns them on (opening ``database_url`` for the
@@ -313,9 +395,9 @@ class AgentPlugin:
         memory_store: MemoryStore | Literal["sql"] | None = None,
         skills: Iterable[Skill] | str | Path = (),
         compaction: Compaction | None = None,
-        delivery: object | None = None,
-        heartbeat: object | None = None,
-        followups: object | None = None,
+        delivery: Delivery | None = None,
+        heartbeat: Heartbeat | None = None,
+        followups: timedelta | None = None,
         settings: AgentSettings | None = None,
         environ: Mapping[str, str] | None = None,
         config_file: str | Path | None = None,
@@ -335,7 +417,8 @@ class AgentPlugin:
         self.compaction = compaction
         self.delivery = delivery
         self.heartbeat = heartbeat
-        self.followups = followups
+        self.followup_max_delay = followups
+        """The longest follow-up delay (``followups=``, or :meth:`followups`)."""
         self._settings = settings
         self._environ = environ
         self._config_file = config_file
@@ -385,6 +468,16 @@ class AgentPlugin:
     def skill(self, skill: Skill | str | Path) -> AgentPlugin:
         """Register a skill, or a folder of ``SKILL.md`` skills (read at startup)."""
         self._add_skills([skill] if isinstance(skill, Skill) else skill)
+        return self
+
+    def followups(self, max_delay: timedelta) -> AgentPlugin:
+        """Give every agent the ``schedule_followup`` tool: the agent books its own next
+        wake-up, at most ``max_delay`` from now (at least one minute) [AP-46].
+
+        A booking is a delayed tracked background run in the same session and memory scope,
+        with delivery on; a chain of follow-ups stops at ten links. Needs background runs.
+        """
+        self.followup_max_delay = max_delay
         return self
 
     def configure(self, fn: Configurer | None = None, /, **overrides: Any) -> AgentPlugin:
@@ -453,6 +546,7 @@ class AgentPlugin:
 
     async def _start(self) -> AgentRuntime:
         settings = self.load_settings()
+        self.check_always_on()
         skills = [*self._skills]
         for folder in self._skill_folders:
             skills.extend(load_skills(folder))
@@ -475,7 +569,7 @@ class AgentPlugin:
                 compaction=self.compaction,
                 delivery=self.delivery,
                 heartbeat=self.heartbeat,
-                followups=self.followups,
+                followups=self.followup_max_delay,
                 database=database,
                 owns_client=owns_client,
             )
@@ -494,6 +588,51 @@ class AgentPlugin:
                 if owns_client:
                     await client.aclose()
             raise
+
+    def check_always_on(self) -> None:
+        """Check ``delivery``, ``heartbeat`` and ``followups``; raise a ``config``
+        :class:`AgentError` saying what is wrong.
+
+        Startup (the app's and the worker's) and :meth:`worker_settings` call it, so a
+        misconfigured heartbeat stops the process instead of never ticking.
+        """
+        heartbeat = self.heartbeat
+        if heartbeat is not None:
+            if not isinstance(heartbeat, Heartbeat):
+                raise AgentError.config(
+                    "heartbeat must be a Heartbeat, built with Heartbeat.every(timedelta) or "
+                    f'Heartbeat.cron("<cron expression>"), got {heartbeat!r}'
+                )
+            try:
+                heartbeat.validate()
+                heartbeat.cron_fields()
+                heartbeat.tzinfo()
+            except AgentError as error:
+                raise AgentError.config(f"invalid heartbeat: {error.message}") from None
+        delivery = self.delivery
+        if delivery is not None and not isinstance(delivery, Delivery):
+            raise AgentError.config(
+                "delivery must have an async deliver(report) method (LogDelivery, "
+                f"WebhookDelivery or your own), got {delivery!r}"
+            )
+        delay = self.followup_max_delay
+        if delay is not None and (not isinstance(delay, timedelta) or delay < _MIN_FOLLOWUP):
+            raise AgentError.config(
+                f"followups needs the longest delay as a timedelta of at least one minute, got "
+                f"{delay!r}"
+            )
+        if self.job_options() is None:
+            needs = [
+                what
+                for what, given in (("a heartbeat", heartbeat), ("follow-ups", delay))
+                if given is not None
+            ]
+            if needs:
+                verb = "needs" if needs == ["a heartbeat"] else "need"
+                raise AgentError.config(
+                    f"{' and '.join(needs)} {verb} background runs, which are off for this "
+                    "plugin (jobs=False, or in-memory stores only): pass jobs=True to AgentPlugin"
+                )
 
     def _client_for(self, settings: AgentSettings) -> tuple[LlmClient, bool]:
         model = self.model
@@ -614,9 +753,13 @@ class AgentPlugin:
         The worker's startup opens the same runtime as the app (settings, client, database,
         stores) and its shutdown closes it. Redis comes from ``redis_url``; the queue, the
         job timeout, retries and the result lifetime from the plugin's
-        :class:`~agent_plugin.jobs.JobOptions`. ``overrides`` set any other arq worker
-        setting. The settings are read when this is called: a bad configuration fails here.
+        :class:`~agent_plugin.jobs.JobOptions`. With a ``heartbeat``, the settings register
+        the cron job ``agent_heartbeat`` on its schedule and set the worker's ``timezone`` to
+        the heartbeat's (``cron_jobs`` given in ``overrides`` are kept beside it).
+        ``overrides`` set any other arq worker setting. The settings and the always-on
+        options are read when this is called: a bad configuration fails here.
         """
+        self.check_always_on()
         options = self.job_options()
         if options is None:
             raise AgentError.config(
@@ -674,6 +817,10 @@ class AgentPlugin:
     async def run_status(self, run_id: str) -> RunRecord:
         """:meth:`AgentRuntimeHandle.run_status` on the running runtime."""
         return await self._handle().run_status(run_id)
+
+    async def heartbeat_stats(self) -> HeartbeatStats:
+        """:meth:`AgentRuntimeHandle.heartbeat_stats` on the running runtime."""
+        return await self._handle().heartbeat_stats()
 
     # --- installing ----------------------------------------------------------------------
 
@@ -976,6 +1123,11 @@ class AgentRuntimeHandle:
     async def run_status(self, run_id: str) -> RunRecord:
         """The record of a background run; ``not_found`` for an unknown id."""
         return await self.jobs.get(run_id)
+
+    async def heartbeat_stats(self) -> HeartbeatStats:
+        """How the heartbeat's ticks went, across every worker: started, skipped because the
+        session was busy or the precheck said no, failed; and the latest tick."""
+        return await self.jobs.heartbeat_stats()
 
     def stream(
         self,

@@ -14,7 +14,8 @@ The client runs pinned to CPU 0, the server to CPU 1 (when the machine has two).
       (:mod:`benchmarks.bench_loop`).
 * S5  ``import agent_plugin`` in a fresh interpreter; the first request of a fresh app.
 * S6  session append (``benchmarks/bench_sessions.py``, when present).
-* S7  background runs through arq (not built yet).
+* S7  background runs through one arq worker vs arq's own no-op jobs, and the cost of step
+      checkpoints (:mod:`benchmarks.bench_jobs`, in a subprocess).
 
 Per-step figures are the minimum over repeats (the least disturbed run); medians are in the
 JSON. CPU is ``time.process_time()`` of the client process; the server's own CPU per request
@@ -59,7 +60,6 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CLIENT_CPU, SERVER_CPU = 0, 1
 WIRES = ("openai", "anthropic")
-S7_NOTE = "not built yet: background runs land with issue 6"
 
 
 # --- subjects: ours and the baseline, behind one shape -----------------------------------------
@@ -563,6 +563,30 @@ def s6(quick: bool) -> dict[str, Any]:
     }
 
 
+# --- S7 ------------------------------------------------------------------------------------------
+
+
+def s7(quick: bool) -> dict[str, Any]:
+    """Runs benchmarks/bench_jobs.py (Redis, SQLite, PostgreSQL; its own process) and keeps the
+    report it writes to results/jobs.json."""
+    started = time.time()
+    command = [sys.executable, str(HERE / "bench_jobs.py"), *(["--quick"] if quick else [])]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=90 if quick else 1200, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return {"status": "timed out", "command": command[1:]}
+    written = RESULTS / "jobs.json"
+    if done.returncode != 0 or not written.exists() or written.stat().st_mtime < started:
+        return {
+            "status": f"failed (exit {done.returncode})",
+            "command": command[1:],
+            "stderr_tail": done.stderr.strip()[-2000:],
+        }
+    return {"status": "ran", "command": command[1:], "report": json.loads(written.read_text())}
+
+
 # --- the server check --------------------------------------------------------------------------
 
 
@@ -821,7 +845,18 @@ def render(report: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     out += ["## S6: session append", "", f"Status: {data['status']}."]
     if data.get("output"):
         out += ["", data["output"]]
-    out += ["", "## S7: background runs through arq", "", S7_NOTE + ".", ""]
+    data = sc.get("S7") or {"status": "not run"}
+    out += ["", "## S7: background runs through one arq worker", ""]
+    s7_targets: list[dict[str, Any]] = []
+    if "report" in data:
+        from benchmarks import bench_jobs
+
+        out += [bench_jobs.render(data["report"]), ""]
+        s7_targets = data["report"].get("targets") or bench_jobs.target_rows(data["report"])
+    else:
+        out += [f"Status: {data['status']}.", ""]
+        if data.get("stderr_tail"):
+            out += ["```", data["stderr_tail"], "```", ""]
 
     out += ["## Targets", "", "| target | measured | verdict |", "|---|---:|---|"]
     for target in targets:
@@ -836,8 +871,12 @@ def render(report: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         )
     if not ratios:
         out.append(f"| S6: ≤ 1.5× | — | {sc['S6']['status']} |")
-    out += [f"| S7: ≥ 0.7× | — | {S7_NOTE} |", ""]
-    return "\n".join(out), targets
+    for target in s7_targets:
+        out.append(f"| {target['target']} | {_x(target['measured'])} | {target['verdict']} |")
+    if "report" not in data:
+        out.append(f"| S7: ≥ 0.7× | — | {data['status']} |")
+    out.append("")
+    return "\n".join(out), targets + s7_targets
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -932,14 +971,16 @@ async def run_async(plan: Plan, server: ServerProcess, only: set[str]) -> dict[s
     if "S6" in only:
         log("S6: sessions")
         sc["S6"] = s6(plan.quick)
-    sc["S7"] = {"status": S7_NOTE}
+    if "S7" in only:
+        log("S7: background runs through arq")
+        sc["S7"] = s7(plan.quick)
     return sc
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run the benchmark suite.")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (< 60 s)")
-    parser.add_argument("--only", default="S1,S2,S3,S4,S5,S6", help="scenarios, comma-separated")
+    parser.add_argument("--only", default="S1,S2,S3,S4,S5,S6,S7", help="scenarios, comma-separated")
     parser.add_argument("--child-s3", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, help=argparse.SUPPRESS)

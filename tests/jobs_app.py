@@ -14,12 +14,22 @@ count them across worker restarts (``pid`` is the worker's process id)::
     <unix time> <pid> tool_start <run_id> <call_id> <tool> <key>
     <unix time> <pid> tool_end <run_id> <call_id> <tool> <key>
     <unix time> <pid> worker_ready
+    <unix time> <pid> heartbeat_tick
+
+The always-on knobs (``tests/test_always_on.py``): ``JOBS_TEST_REPORTS`` (a file the
+:class:`FileInbox` delivery appends each report to, as a JSON line), ``JOBS_TEST_WEBHOOK`` (a URL
+for a :class:`~agent_plugin.proactive.WebhookDelivery` instead; ``JOBS_TEST_WEBHOOK_TIMEOUT``),
+``JOBS_TEST_FOLLOWUPS`` (the follow-ups' longest delay, in minutes) and ``JOBS_TEST_HEARTBEAT``
+(``every:<seconds>`` or ``cron:<expression>``, with ``JOBS_TEST_HEARTBEAT_PROMPT``,
+``_SESSION``, ``_TIMEZONE``, ``_PER_REPLICA`` and ``_ACTIONS``); the heartbeat's precheck logs
+``heartbeat_tick`` on every tick.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -27,21 +37,23 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import redis
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.jobs import JobOptions
-from agent_plugin.messages import Role
+from agent_plugin.jobs import AGENT_HEARTBEAT, JobOptions
+from agent_plugin.messages import Role, ToolResultPart
 from agent_plugin.plugin import AgentPlugin
-from agent_plugin.policy import ASK, ToolRules
+from agent_plugin.policy import ASK, ToolPolicy, ToolRules
+from agent_plugin.proactive import Delivery, Heartbeat, Report, WebhookDelivery
 from agent_plugin.providers.base import ChatRequest
 from agent_plugin.providers.scripted import Reply, ScriptedModel, tool_call
 from agent_plugin.storage import Database
@@ -60,9 +72,14 @@ class Plan(BaseModel):
     """What the scripted model does for one prompt."""
 
     tag: str
-    rounds: list[list[tuple[str, str]]] = Field(default_factory=list)
-    """Per round, the calls to make: ``(tool, key)``; tools: ``effect`` and ``send``."""
+    rounds: list[list[tuple[str, str] | tuple[str, str, dict[str, Any]]]] = Field(
+        default_factory=list
+    )
+    """Per round, the calls to make: ``(tool, key)`` (tools ``effect`` and ``send``), or
+    ``(tool, key, arguments)`` for any other tool (``schedule_followup``)."""
     answer: str = "done"
+    echo: bool = False
+    """End the answer with the results of the last round's calls (``| <result>`` each)."""
     model_delay: float = 0.0
     tool_delay: float = 0.0
     fail: FailPlan = Field(default_factory=FailPlan)
@@ -139,10 +156,24 @@ async def plan_reply(request: ChatRequest) -> Reply:
     if done < len(plan.rounds):
         turn = len(users)
         return [
-            tool_call(name, {"key": key, "delay": plan.tool_delay}, id=f"u{turn}r{done}c{i}")
-            for i, (name, key) in enumerate(plan.rounds[done])
+            tool_call(
+                call[0],
+                call[2] if len(call) == 3 else {"key": call[1], "delay": plan.tool_delay},
+                id=f"u{turn}r{done}c{i}",
+            )
+            for i, call in enumerate(plan.rounds[done])
         ]
-    return f"{plan.answer} after {done} rounds"
+    answer = f"{plan.answer} after {done} rounds"
+    if plan.echo:
+        results = [
+            part.tool_result.content
+            for m in messages[start + 1 :]
+            if m.role is Role.TOOL
+            for part in m.content
+            if isinstance(part, ToolResultPart)
+        ]
+        answer = " | ".join([answer, *results[-len(plan.rounds[-1]) :]]) if results else answer
+    return answer
 
 
 async def _execute(name: str, key: str, delay: float, ctx: ToolContext) -> dict[str, Any]:
@@ -183,18 +214,98 @@ def options_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> 
     return JobOptions(**values)
 
 
-def make_plugin(environ: Mapping[str, str] | None = None, **options: Any) -> AgentPlugin:
+class FileInbox:
+    """A :class:`~agent_plugin.proactive.Delivery` that appends each report to a file as one
+    JSON line (one ``write``: reports of several workers do not mix)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def deliver(self, report: Report) -> None:
+        line = report.model_dump_json() + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+
+def read_reports(path: Path) -> list[dict[str, Any]]:
+    """The reports a :class:`FileInbox` received, oldest first."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def delivery_from_env(env: Mapping[str, str]) -> Delivery | None:
+    webhook = env.get("JOBS_TEST_WEBHOOK")
+    if webhook:
+        timeout = float(env.get("JOBS_TEST_WEBHOOK_TIMEOUT", "5"))
+        return WebhookDelivery(webhook, timeout=timeout)  # the secret: AGENT_WEBHOOK_SECRET
+    reports = env.get("JOBS_TEST_REPORTS")
+    return FileInbox(Path(reports)) if reports else None
+
+
+def tick_precheck(state: object) -> bool:
+    """The test heartbeat's precheck: logs the tick, then lets it run."""
+    log("heartbeat_tick")
+    return True
+
+
+def heartbeat_from_env(env: Mapping[str, str]) -> Heartbeat | None:
+    spec = env.get("JOBS_TEST_HEARTBEAT")
+    if not spec:
+        return None
+    kind, _, value = spec.partition(":")
+    fields: dict[str, Any] = {
+        "session": env.get("JOBS_TEST_HEARTBEAT_SESSION") or None,
+        "memory_scope": env.get("JOBS_TEST_HEARTBEAT_SCOPE") or None,
+    }
+    if env.get("JOBS_TEST_HEARTBEAT_PROMPT"):
+        fields["prompt"] = env["JOBS_TEST_HEARTBEAT_PROMPT"]
+    if kind == "every":
+        heartbeat = Heartbeat.every(float(value), **fields)
+    else:
+        zone = env.get("JOBS_TEST_HEARTBEAT_TIMEZONE", "UTC")
+        heartbeat = Heartbeat.cron(value, timezone=zone, **fields)
+    if env.get("JOBS_TEST_HEARTBEAT_PER_REPLICA"):
+        heartbeat = heartbeat.per_replica()
+    if env.get("JOBS_TEST_HEARTBEAT_ACTIONS"):
+        heartbeat = heartbeat.allow_actions()
+    return heartbeat.precheck(tick_precheck)
+
+
+_FROM_ENV: Final[Any] = object()
+
+
+def make_plugin(
+    environ: Mapping[str, str] | None = None,
+    *,
+    delivery: Delivery | None = _FROM_ENV,
+    heartbeat: Heartbeat | None = _FROM_ENV,
+    followups: timedelta | None = _FROM_ENV,
+    policy: ToolPolicy | None = None,
+    **options: Any,
+) -> AgentPlugin:
     """The plugin of the tests: scripted model, two logging tools, ``send`` needs approval.
 
     ``environ`` (default ``os.environ``) supplies the ``AGENT_*`` settings and the
-    ``JOBS_TEST_*`` knobs; ``options`` override the :class:`JobOptions`.
+    ``JOBS_TEST_*`` knobs; ``delivery``, ``heartbeat`` and ``followups`` replace what the knobs
+    say, ``policy`` the tests' policy; ``options`` override the :class:`JobOptions`.
     """
+    env = os.environ if environ is None else environ
+    if followups is _FROM_ENV:
+        minutes = env.get("JOBS_TEST_FOLLOWUPS")
+        followups = timedelta(minutes=float(minutes)) if minutes else None
     return AgentPlugin(
         tools=[effect, send],
-        policy=ToolRules().for_tool("send", ASK),
+        policy=policy if policy is not None else ToolRules().for_tool("send", ASK),
         model=ScriptedModel(default=plan_reply),
         jobs=options_from_env(environ, **options),
         environ=environ,
+        delivery=delivery_from_env(env) if delivery is _FROM_ENV else delivery,
+        heartbeat=heartbeat_from_env(env) if heartbeat is _FROM_ENV else heartbeat,
+        followups=followups,
     )
 
 
@@ -205,7 +316,8 @@ def make_app(plugin: AgentPlugin, **install: Any) -> FastAPI:
 
 
 def worker_settings() -> type[Any]:
-    """The worker's settings, from the environment; its startup logs ``worker_ready <pid>``."""
+    """The worker's settings, from the environment; its startup logs ``worker_ready <pid>``,
+    and each run of the heartbeat's cron job ``heartbeat_job <job id> <scheduled ms>``."""
     settings = make_plugin().worker_settings()
     startup = settings.on_startup
 
@@ -214,7 +326,18 @@ def worker_settings() -> type[Any]:
         log("worker_ready", os.getpid())
 
     settings.on_startup = on_startup
+    for job in settings.cron_jobs:
+        if job.name == AGENT_HEARTBEAT:
+            job.coroutine = _traced(job.coroutine)
     return settings
+
+
+def _traced(tick: Callable[[dict[str, Any]], Awaitable[Any]]) -> Any:
+    async def traced(ctx: dict[str, Any]) -> Any:
+        log("heartbeat_job", ctx["job_id"], ctx["score"])
+        return await tick(ctx)
+
+    return traced
 
 
 def __getattr__(name: str) -> Any:
@@ -241,10 +364,15 @@ class JobsEnv:
     prefix: str
     redis_url: str
     database_url: str
+    reports: Path
 
     def lines(self, event: str | None = None) -> list[Line]:
         """The log's lines, only ``event`` ones if given."""
         return [line for line in read_log(self.log) if event is None or line.event == event]
+
+    def delivered(self) -> list[dict[str, Any]]:
+        """The reports the workers' :class:`FileInbox` received."""
+        return read_reports(self.reports)
 
 
 def jobs_env(directory: Path, *, redis_url: str = REDIS_URL, **knobs: str) -> JobsEnv:
@@ -254,12 +382,14 @@ def jobs_env(directory: Path, *, redis_url: str = REDIS_URL, **knobs: str) -> Jo
     config.write_text('[agent]\nprovider = "scripted"\nmax_steps = 8\n', encoding="utf-8")
     database_url = f"sqlite+aiosqlite:///{directory / 'runs.db'}"
     log_file = directory / "events.log"
+    reports = directory / "reports.jsonl"
     environ = {
         "AGENT_CONFIG_FILE": str(config),
         "AGENT_DATABASE_URL": database_url,
         "AGENT_REDIS_URL": redis_url,
         "JOBS_TEST_QUEUE": f"agent-test-{token}:queue",
         "JOBS_TEST_PREFIX": f"agent-test-{token}:",
+        "JOBS_TEST_REPORTS": str(reports),
         LOG_ENV: str(log_file),
         **{f"JOBS_TEST_{k.upper()}": v for k, v in knobs.items()},
     }
@@ -273,6 +403,7 @@ def jobs_env(directory: Path, *, redis_url: str = REDIS_URL, **knobs: str) -> Jo
         prefix=environ["JOBS_TEST_PREFIX"],
         redis_url=redis_url,
         database_url=database_url,
+        reports=reports,
     )
 
 
@@ -359,12 +490,14 @@ class WorkerProcess:
 
 
 def clean_redis(env: JobsEnv) -> None:
-    """Delete this environment's keys (its queue, its prefix, its runs' arq keys) only."""
+    """Delete this environment's keys (its queue, its prefix, its runs' and its queued jobs'
+    arq keys) only."""
     client = redis.Redis.from_url(env.redis_url)
     try:
         keys: list[bytes | str] = [env.queue, env.queue + ":health-check"]
         keys += list(client.scan_iter(match=env.prefix + "*"))
-        for run_id in run_ids(env):
+        queued = [m.decode() for m in cast(list[bytes], client.zrange(env.queue, 0, -1))]
+        for run_id in [*run_ids(env), *queued]:
             for prefix in ("arq:job:", "arq:result:", "arq:retry:", "arq:in-progress:"):
                 keys.append(prefix + run_id)
                 keys += list(client.scan_iter(match=f"{prefix}{run_id}:*"))

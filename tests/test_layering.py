@@ -15,6 +15,7 @@ ADAPTERS = (
     "agent_plugin.health",
     "agent_plugin.jobs",
     "agent_plugin.storage",
+    "agent_plugin.live",
 )
 
 

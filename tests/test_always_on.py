@@ -1,0 +1,1063 @@
+"""Always-on agents on the job runtime [SPEC §7, reference §1.18 and §1.23]: the reports of
+background runs, the heartbeat on arq's scheduler and agent-booked follow-ups.
+
+The first tests call the arq job functions in this process, with the real Redis on 127.0.0.1
+and a SQLite database (fast, and exact about what each job does); the acceptance tests at the
+end run real arq worker processes (``tests/jobs_app.py``), each environment with its own queue
+and key prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import math
+import random
+import re
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import redis.asyncio as aioredis
+from arq.worker import create_worker
+
+from agent_plugin.agent import Agent
+from agent_plugin.config import AgentSettings
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.jobs import (
+    AGENT_HEARTBEAT,
+    AGENT_RESUME,
+    AGENT_RUN,
+    AgentRunArgs,
+    HeartbeatStats,
+    agent_heartbeat,
+    agent_resume,
+    agent_run,
+    tick_run_id,
+)
+from agent_plugin.messages import Role
+from agent_plugin.outcomes import ApprovalDecision
+from agent_plugin.plugin import AgentPlugin, AgentRuntime, AgentRuntimeHandle
+from agent_plugin.policy import READ_ONLY_REASON, AllowAll, Strictest
+from agent_plugin.proactive import (
+    APPROVAL_HEADER,
+    KEY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    FollowupPlan,
+    Heartbeat,
+    LogDelivery,
+    Report,
+    ReportSource,
+    verify_webhook,
+)
+from agent_plugin.providers.scripted import ScriptedModel, tool_call
+from agent_plugin.sessions import InMemorySessionStore, MessageEntry
+from tests.httpserver import Hang, HttpServer, Reply
+from tests.jobs_app import (
+    LOG_ENV,
+    JobsEnv,
+    WorkerProcess,
+    clean_redis,
+    jobs_env,
+    make_app,
+    make_plugin,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+SECRET = "whsec-always-on-0123456789abcdef"
+FOLLOWUP_REFUSAL = (
+    "this run is already 10 follow-ups deep; finish now and report instead of scheduling another"
+)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+class Inbox:
+    """A Delivery that keeps every report."""
+
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+
+    async def deliver(self, report: Report) -> None:
+        self.reports.append(report)
+
+
+class Broken:
+    """A Delivery that always fails."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def deliver(self, report: Report) -> None:
+        self.calls += 1
+        raise RuntimeError("the mail server said no")
+
+
+class Stuck:
+    """A Delivery that never finishes (its own timeout bounds the wait)."""
+
+    timeout = 0.2
+
+    async def deliver(self, report: Report) -> None:
+        await asyncio.Event().wait()
+
+
+class Closable(Inbox):
+    """An Inbox with an ``aclose`` the runtime must call at shutdown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+_tags = iter(range(1_000_000))
+
+
+def plan(**fields: Any) -> tuple[str, str]:
+    """A fresh tag and the prompt that makes the scripted model follow ``fields``."""
+    tag = f"a{next(_tags)}_{time.monotonic_ns() % 1_000_000}"
+    return tag, json.dumps({"tag": tag, **fields})
+
+
+def followup_call(minutes: Any, prompt: str) -> list[Any]:
+    """A plan round item: call ``schedule_followup``."""
+    return ["schedule_followup", "f", {"delay_minutes": minutes, "prompt": prompt}]
+
+
+def booked(text: str) -> dict[str, Any]:
+    """The ``schedule_followup`` result an ``echo`` answer ends with."""
+    return dict(json.loads(text.rsplit(" | ", 1)[1]))
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobsEnv]:
+    """A database, a queue and a log for the in-process tests (no worker serves this queue);
+    the scripted model and the tools of this process log to the environment's log."""
+    environment = jobs_env(tmp_path_factory.mktemp("always-on"))
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(LOG_ENV, str(environment.log))
+            yield environment
+    finally:
+        clean_redis(environment)
+
+
+@asynccontextmanager
+async def started(
+    env: JobsEnv, settings: dict[str, str] | None = None, **plugin: Any
+) -> AsyncIterator[AgentRuntime]:
+    """A runtime started from the tests' plugin (``plugin`` as :func:`make_plugin` takes;
+    ``settings``: more ``AGENT_*`` variables)."""
+    plugin.setdefault("delivery", Inbox())
+    plugin.setdefault("heartbeat", None)
+    plugin.setdefault("followups", None)
+    runtime = await make_plugin({**env.environ, **(settings or {})}, **plugin).start()
+    try:
+        yield runtime
+    finally:
+        await runtime.aclose()
+
+
+async def job_ctx(runtime: AgentRuntime, job_id: str) -> dict[str, Any]:
+    """What arq gives a job function: the connection, the job id and try, the runtime."""
+    assert runtime.jobs is not None
+    redis = await runtime.jobs.redis()
+    return {"redis": redis, "job_id": job_id, "job_try": 1, "agent_runtime": runtime}
+
+
+async def run_job(runtime: AgentRuntime, args: AgentRunArgs) -> dict[str, Any]:
+    """One delivery of ``agent_run`` for ``args``, in this process."""
+    return await agent_run(await job_ctx(runtime, args.run_id), args.model_dump_json())
+
+
+def inbox(runtime: AgentRuntime) -> list[Report]:
+    delivery = runtime.delivery
+    assert isinstance(delivery, Inbox)
+    return delivery.reports
+
+
+async def outcome_text(runtime: AgentRuntime, run_id: str) -> str:
+    assert runtime.jobs is not None
+    record = await runtime.jobs.get(run_id)
+    assert record.outcome is not None, record
+    return record.outcome.text or ""
+
+
+async def stored_args(runtime: AgentRuntime, run_id: str) -> dict[str, Any]:
+    assert runtime.jobs is not None
+    args = await runtime.jobs.store.args(run_id)
+    assert args is not None
+    return args
+
+
+async def queue_score(runtime: AgentRuntime, run_id: str) -> float | None:
+    assert runtime.jobs is not None
+    redis = await runtime.jobs.redis()
+    score = await redis.zscore(runtime.jobs.options.queue_name, run_id)
+    return None if score is None else float(score)
+
+
+async def session_messages(runtime: AgentRuntime, session: str) -> list[Any]:
+    entries = await runtime.session_store.entries(session)
+    return [e.message for e in entries if isinstance(e, MessageEntry)]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{time.monotonic_ns()}"
+
+
+# --- reports of background runs [AP-43] -----------------------------------------------------
+
+
+async def test_a_run_with_delivery_reports_its_answer_at_least_once(env: JobsEnv) -> None:
+    async with started(env) as runtime:
+        _, prompt = plan(answer="Disk 91% full")
+        session = unique("s")
+        args = AgentRunArgs(prompt=prompt, session=session, deliver=True)
+        assert await run_job(runtime, args) == {"run_id": args.run_id, "status": "complete"}
+        [report] = inbox(runtime)
+        assert report.source is ReportSource.JOB
+        assert (report.run_id, report.session_id) == (args.run_id, session)
+        assert report.text == "Disk 91% full after 0 rounds"
+        assert report.key == f"{args.run_id}:job"
+        assert report.outcome.status == "completed"
+
+        # the same job delivered again (a worker died after the run): reported once
+        assert (await run_job(runtime, args))["status"] == "complete"
+        assert len(inbox(runtime)) == 1
+        # ... unless the first delivery died before it could report: then it reports now
+        assert runtime.jobs is not None
+        redis = await runtime.jobs.redis()
+        assert await redis.delete(f"{env.prefix}reported:{args.run_id}") == 1
+        assert (await run_job(runtime, args))["status"] == "complete"
+        assert [r.key for r in inbox(runtime)] == [report.key] * 2  # same key: receivers dedupe
+
+
+async def test_runs_without_delivery_and_silent_answers_report_nothing(env: JobsEnv) -> None:
+    async with started(env) as runtime:
+        _, loud = plan(answer="Something happened")
+        assert (await run_job(runtime, AgentRunArgs(prompt=loud)))["status"] == "complete"
+        _, quiet = plan(answer="HEARTBEAT_OK")  # "HEARTBEAT_OK after 0 rounds" is silent
+        args = AgentRunArgs(prompt=quiet, deliver=True, origin="heartbeat")
+        assert (await run_job(runtime, args))["status"] == "complete"
+        assert await outcome_text(runtime, args.run_id) == "HEARTBEAT_OK after 0 rounds"
+        _, budget = plan(rounds=[[["effect", str(i)]] for i in range(20)])
+        stopped = AgentRunArgs(prompt=budget, deliver=True, max_steps=1)
+        assert (await run_job(runtime, stopped))["status"] == "complete"
+        assert (await runtime.jobs.get(stopped.run_id)).outcome.status == "budget_exhausted"  # type: ignore[union-attr]
+        assert inbox(runtime) == []
+
+
+async def test_a_paused_run_reports_its_calls_and_the_resume_reports_the_answer(
+    env: JobsEnv,
+) -> None:
+    """Reference: ``execute_resume_finishes_a_paused_run``."""
+    async with started(env) as runtime:
+        assert runtime.jobs is not None
+        session = unique("pause")
+        _, prompt = plan(rounds=[[["send", "x"]]], answer="sent it")
+        args = AgentRunArgs(prompt=prompt, session=session, deliver=True)
+        assert (await run_job(runtime, args))["status"] == "awaiting_approval"
+        [paused] = inbox(runtime)
+        assert paused.source is ReportSource.JOB
+        assert paused.text.splitlines()[0] == APPROVAL_HEADER
+        assert "needs approval" in paused.text
+        assert paused.text.splitlines()[1] == '- send {"delay":0.0,"key":"x"}'
+
+        record = await runtime.jobs.get(args.run_id)
+        [waiting] = record.awaiting
+        await runtime.jobs.enqueue_resume(args.run_id, [ApprovalDecision.approve(waiting.call_id)])
+        ctx = await job_ctx(runtime, f"{args.run_id}:resume:test")
+        assert (await agent_resume(ctx, args.run_id))["status"] == "complete"
+        _, resumed = inbox(runtime)
+        assert resumed.source is ReportSource.RESUME
+        assert resumed.key == f"{args.run_id}:resume"
+        assert (resumed.run_id, resumed.session_id) == (args.run_id, session)
+        assert resumed.text == "sent it after 1 rounds"
+        roles = [m.role for m in await session_messages(runtime, session)]
+        assert roles == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.ASSISTANT]  # 4 messages
+
+
+async def test_a_failing_or_hanging_delivery_never_fails_the_run(
+    env: JobsEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = Broken()
+    for delivery in (broken, Stuck()):
+        async with started(env, delivery=delivery) as runtime:
+            _, prompt = plan(answer="worth telling")
+            args = AgentRunArgs(prompt=prompt, deliver=True)
+            begun = time.monotonic()
+            with caplog.at_level(logging.ERROR, logger="agent_plugin.delivery"):
+                result = await run_job(runtime, args)
+            assert result == {"run_id": args.run_id, "status": "complete"}
+            assert time.monotonic() - begun < 5
+            record = await runtime.jobs.get(args.run_id)  # type: ignore[union-attr]
+            assert (record.status, record.attempt, record.error) == ("complete", 1, None)
+        assert any(
+            f"cannot deliver report {args.run_id}:job" in r.getMessage() for r in caplog.records
+        )
+    assert broken.calls == 1  # tried once; a failed delivery is not retried
+
+
+async def test_the_runtime_delivers_to_the_log_by_default_and_closes_its_delivery(
+    env: JobsEnv,
+) -> None:
+    plugin = make_plugin(env.environ, delivery=None, heartbeat=None, followups=None)
+    runtime = await plugin.start()
+    await runtime.aclose()
+    assert isinstance(runtime.delivery, LogDelivery)
+    closable = Closable()
+    async with started(env, delivery=closable) as runtime:
+        assert runtime.delivery is closable
+    assert closable.closed == 1
+
+
+# --- the heartbeat's run: read-only, reported with source heartbeat [AP-44, AP-45] ----------
+
+
+async def test_a_heartbeat_run_is_denied_actions_and_reports_with_source_heartbeat(
+    env: JobsEnv,
+) -> None:
+    """Reference: ``noteworthy_heartbeat_is_delivered_and_stays_read_only``, as jobs."""
+    heartbeat = Heartbeat.every(60, session="ops")
+    async with started(env, heartbeat=heartbeat, policy=AllowAll()) as runtime:
+        assert isinstance(runtime.heartbeat_policy(), Strictest)
+        session = unique("ops")
+        _, prompt = plan(rounds=[[["effect", "restart"]]], answer="Server is down", echo=True)
+        args = AgentRunArgs(prompt=prompt, session=session, deliver=True, origin="heartbeat")
+        assert (await run_job(runtime, args))["status"] == "complete"
+        assert not [line for line in env.lines("tool_start") if line.args[0] == args.run_id]
+        [report] = inbox(runtime)
+        assert report.source is ReportSource.HEARTBEAT
+        assert report.session_id == session
+        assert report.text.startswith("Server is down after 1 rounds | ")
+        assert READ_ONLY_REASON in report.text
+        assert len(await session_messages(runtime, session)) == 4
+
+        # a request run of the same app may act: only heartbeat runs are read-only
+        _, acting = plan(rounds=[[["effect", "restart"]]])
+        request = AgentRunArgs(prompt=acting, session=session)
+        assert (await run_job(runtime, request))["status"] == "complete"
+        assert [line.args[2] for line in env.lines("tool_start") if line.args[0] == request.run_id]
+
+    # allow_actions lifts the read-only rule (but keeps the app policy)
+    async with started(env, heartbeat=heartbeat.allow_actions(), policy=AllowAll()) as runtime:
+        _, prompt = plan(rounds=[[["effect", "restart"]]])
+        args = AgentRunArgs(prompt=prompt, deliver=True, origin="heartbeat")
+        assert (await run_job(runtime, args))["status"] == "complete"
+        assert [line.args[2] for line in env.lines("tool_start") if line.args[0] == args.run_id]
+
+    # a heartbeat run left in the queue after the heartbeat was removed stays read-only
+    async with started(env, policy=AllowAll()) as runtime:
+        _, prompt = plan(rounds=[[["effect", "late"]]], echo=True)
+        args = AgentRunArgs(prompt=prompt, origin="heartbeat")
+        assert (await run_job(runtime, args))["status"] == "complete"
+        assert READ_ONLY_REASON in await outcome_text(runtime, args.run_id)
+
+
+# --- the heartbeat's cron job ---------------------------------------------------------------
+
+
+async def test_the_heartbeat_job_without_the_plugin_is_a_no_op(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Reference: ``heartbeat_task_handler_without_the_plugin_is_a_no_op``."""
+    with caplog.at_level(logging.WARNING, logger="agent_plugin.jobs"):
+        assert await agent_heartbeat({"job_id": "agent_heartbeat:1"}) == {"status": "not_started"}
+    assert "has not started" in caplog.text
+
+
+async def test_the_heartbeat_job_enqueues_the_installed_heartbeat(env: JobsEnv) -> None:
+    """Reference: ``heartbeat_task_handler_runs_the_installed_heartbeat``: a tick enqueues a
+    tracked run with the heartbeat's prompt, session and scope, delivery on."""
+    session = unique("ops")
+    _, prompt = plan(answer="HEARTBEAT_OK")
+    heartbeat = Heartbeat.every(1800, prompt=prompt, session=session, memory_scope="u1")
+    async with started(env, heartbeat=heartbeat) as runtime:
+        assert runtime.jobs is not None
+        tick = "agent_heartbeat:1700000000123"
+        result = await agent_heartbeat(await job_ctx(runtime, tick))
+        run_id = tick_run_id(env.queue, tick)
+        assert result == {"status": "started", "run_id": run_id}
+        record = await runtime.jobs.get(run_id)
+        assert (record.status, record.origin) == ("queued", "heartbeat")
+        assert (record.session_id, record.memory_scope) == (session, "u1")
+        args = await stored_args(runtime, run_id)
+        assert (args["prompt"], args["deliver"], args["origin"]) == (prompt, True, "heartbeat")
+        assert await queue_score(runtime, run_id) is not None  # on the queue, due now
+
+        # the next tick finds the check-in still waiting for a worker: skipped, and counted
+        result = await agent_heartbeat(await job_ctx(runtime, "agent_heartbeat:1700000001123"))
+        assert result == {"status": "skipped_busy", "run_id": None}
+        stats = await AgentRuntimeHandle(runtime).heartbeat_stats()
+        assert (stats.started, stats.skipped_busy, stats.skipped_precheck) == (1, 1, 0)
+        assert (stats.last_status, stats.last_run_id) == ("skipped_busy", None)
+        assert stats.last_tick_at is not None
+
+
+async def test_ticks_are_skipped_only_while_a_run_of_the_session_is_active(env: JobsEnv) -> None:
+    session = unique("busy")
+    async with started(env, heartbeat=Heartbeat.every(60, session=session)) as runtime:
+        jobs = runtime.jobs
+        assert jobs is not None
+        redis = await jobs.redis()
+        assert not await jobs.session_active(session)
+        assert not await jobs.session_active(None)  # no session: never busy
+
+        # a follow-up booked for later does not count until its time has come
+        _, prompt = plan()
+        later = await jobs.enqueue(AgentRunArgs(prompt=prompt, session=session), defer=600)
+        assert not await jobs.session_active(session)
+        await redis.zadd(env.queue, {later.run_id: time.time() * 1000 - 1}, xx=True)
+        assert await jobs.session_active(session)  # due: waiting for a worker
+        await jobs.store.cancel(later.run_id, "test")
+        assert not await jobs.session_active(session)
+
+        # a worker holding the session's lock
+        lock = f"{env.prefix}session-lock:{session}"
+        await redis.set(lock, "run_other", px=5000)
+        assert await jobs.session_active(session)
+        tick = await agent_heartbeat(await job_ctx(runtime, unique("agent_heartbeat")))
+        assert tick["status"] == "skipped_busy"
+        await redis.delete(lock)
+        tick = await agent_heartbeat(await job_ctx(runtime, unique("agent_heartbeat")))
+        assert tick["status"] == "started"
+
+
+async def test_a_precheck_skips_or_fails_the_tick_without_enqueueing(env: JobsEnv) -> None:
+    calls: list[object] = []
+
+    def nothing_new(state: object) -> bool:
+        calls.append(state)
+        return False
+
+    def broken(state: object) -> bool:
+        raise RuntimeError("orders database is down")
+
+    async with started(env, heartbeat=Heartbeat.every(60).precheck(nothing_new)) as runtime:
+        assert runtime.jobs is not None
+        before = await runtime.jobs.heartbeat_stats()
+        tick = unique("agent_heartbeat")
+        assert (await agent_heartbeat(await job_ctx(runtime, tick)))["status"] == (
+            "skipped_precheck"
+        )
+        assert calls == [runtime]  # the precheck gets the runtime as the app state
+        with pytest.raises(AgentError) as caught:
+            await runtime.jobs.get(tick_run_id(env.queue, tick))
+        assert caught.value.kind is ErrorKind.NOT_FOUND
+    async with started(env, heartbeat=Heartbeat.every(60).precheck(broken)) as runtime:
+        assert runtime.jobs is not None
+        result = await agent_heartbeat(await job_ctx(runtime, unique("agent_heartbeat")))
+        assert result["status"] == "failed"
+        assert "orders database is down" in result["error"]
+        after = await runtime.jobs.heartbeat_stats()
+    assert after.skipped_precheck == before.skipped_precheck + 1
+    assert after.failed == before.failed + 1
+    assert after.last_status == "failed"
+
+
+async def test_one_tick_enqueued_by_two_workers_is_one_run(env: JobsEnv) -> None:
+    """A fleet tick has one arq job id for every worker; its run id derives from it."""
+    async with started(env, heartbeat=Heartbeat.every(60)) as runtime:
+        assert runtime.jobs is not None
+        tick = unique("agent_heartbeat")
+        first = await runtime.jobs.tick(Heartbeat.every(60), tick)
+        second = await runtime.jobs.tick(Heartbeat.every(60), tick)
+        assert first == second == {"status": "started", "run_id": tick_run_id(env.queue, tick)}
+        assert tick_run_id(env.queue, tick) != tick_run_id("other:queue", tick)
+        assert tick_run_id(env.queue, tick) != tick_run_id(env.queue, tick + "1")
+        assert re.fullmatch(r"run_[0-9a-f]{32}", tick_run_id(env.queue, tick))
+
+
+# --- worker settings and startup checks -----------------------------------------------------
+
+
+def test_worker_settings_register_the_heartbeat_cron_job(env: JobsEnv) -> None:
+    settings = make_plugin(env.environ, heartbeat=Heartbeat.every(1)).worker_settings()
+    [job] = settings.cron_jobs
+    assert job.name == AGENT_HEARTBEAT == "agent_heartbeat"
+    assert job.coroutine is agent_heartbeat
+    assert job.unique is True  # one tick per schedule across the fleet
+    assert job.run_at_startup is False  # missed ticks are never replayed
+    assert job.second is None  # every second
+    assert job.minute is None
+    assert job.max_tries == 1
+    assert job.keep_result_s == 60
+    assert settings.timezone == ZoneInfo("UTC")
+    assert [f.name for f in settings.functions] == [AGENT_RUN, AGENT_RESUME]
+    worker = create_worker(settings)  # arq accepts it (no connection yet)
+    assert set(worker.functions) == {AGENT_RUN, AGENT_RESUME, AGENT_HEARTBEAT}
+    assert worker.timezone == ZoneInfo("UTC")
+
+    oslo = Heartbeat.cron("0 */30 8-18 * * MON-FRI", timezone="Europe/Oslo").per_replica()
+    settings = make_plugin(env.environ, heartbeat=oslo).worker_settings()
+    [job] = settings.cron_jobs
+    assert job.unique is False
+    assert job.keep_result_s == 0
+    assert (job.second, job.minute, job.hour) == ({0}, {0, 30}, set(range(8, 19)))
+    assert job.weekday == {0, 1, 2, 3, 4}  # arq counts from Monday = 0
+    assert settings.timezone == ZoneInfo("Europe/Oslo")
+
+    none = make_plugin(env.environ, heartbeat=None).worker_settings()
+    assert none.cron_jobs == []
+    assert not hasattr(none, "timezone")
+
+
+def test_worker_settings_keep_other_cron_jobs_and_refuse_another_timezone(env: JobsEnv) -> None:
+    from arq.cron import cron
+
+    async def nightly(ctx: dict[str, Any]) -> None:
+        return None
+
+    mine = cron(nightly, name="nightly", hour={3}, minute={0})
+    plugin = make_plugin(env.environ, heartbeat=Heartbeat.every(60))
+    settings = plugin.worker_settings(cron_jobs=[mine])
+    assert [job.name for job in settings.cron_jobs] == [AGENT_HEARTBEAT, "nightly"]
+    assert plugin.worker_settings(timezone=ZoneInfo("UTC")).timezone == ZoneInfo("UTC")
+    with pytest.raises(AgentError, match="differs from the heartbeat's"):
+        plugin.worker_settings(timezone=ZoneInfo("Asia/Tokyo"))
+
+
+async def test_startup_rejects_a_misconfigured_always_on_setup(env: JobsEnv) -> None:
+    def starting(**plugin: Any) -> Any:
+        return make_plugin(env.environ, **{"heartbeat": None, "followups": None, **plugin})
+
+    broken = Heartbeat.every(60)
+    object.__setattr__(broken, "prompt", "  ")  # past the checks made when it was built
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"heartbeat": "*/5 * * * *"}, "heartbeat must be a Heartbeat"),
+        ({"heartbeat": broken}, "invalid heartbeat: the heartbeat prompt must not be blank"),
+        ({"delivery": object()}, "delivery must have an async deliver(report) method"),
+        ({"followups": timedelta(seconds=30)}, "at least one minute"),
+        ({"followups": 3600}, "at least one minute"),
+    ]
+    for fields, message in cases:
+        plugin = starting(**fields)
+        with pytest.raises(AgentError) as caught:
+            await plugin.start()  # the app's startup and the worker's
+        assert caught.value.kind is ErrorKind.CONFIG
+        assert caught.value.message.startswith("the agent plugin could not start: ")
+        assert message in caught.value.message, caught.value.message
+        with pytest.raises(AgentError, match=re.escape(message)):
+            plugin.worker_settings()  # the worker module's import
+        app = make_app(plugin)
+        with pytest.raises(AgentError, match=re.escape(message)):
+            async with app.router.lifespan_context(app):
+                pass
+
+    # a heartbeat or follow-ups without background runs could never run
+    off: list[tuple[dict[str, Any], str]] = [
+        ({"heartbeat": Heartbeat.every(60)}, "a heartbeat needs background runs"),
+        ({"followups": timedelta(hours=1)}, "follow-ups need background runs"),
+    ]
+    for needs, message in off:
+        plugin = AgentPlugin(session_store=InMemorySessionStore(), model=ScriptedModel(), **needs)
+        assert plugin.job_options() is None
+        with pytest.raises(AgentError, match=re.escape(message)):
+            await plugin.start()
+
+    # invalid schedules cannot even be built, so the module defining the app fails first
+    with pytest.raises(AgentError, match="at least one second"):
+        Heartbeat.every(0.5)
+    with pytest.raises(AgentError, match="invalid cron expression"):
+        Heartbeat.cron("61 * * * *")
+
+
+# --- follow-ups [AP-46] ---------------------------------------------------------------------
+
+
+async def test_a_followup_is_booked_as_a_deferred_tracked_run_one_link_deeper(
+    env: JobsEnv,
+) -> None:
+    async with started(env, followups=timedelta(hours=1)) as runtime:
+        jobs = runtime.jobs
+        assert jobs is not None
+        session = unique("chat")
+        _, later = plan(answer="checked the deploy again")
+        _, prompt = plan(rounds=[[followup_call(1, later)]], answer="booked", echo=True)
+        parent = AgentRunArgs(
+            prompt=prompt, session=session, memory_scope="u1", origin="followup", followup_depth=2
+        )
+        booked_at = time.time()
+        assert (await run_job(runtime, parent))["status"] == "complete"
+        result = booked(await outcome_text(runtime, parent.run_id))
+        assert result["scheduled"] is True
+        assert result["in_minutes"] == 1
+        run_id = result["run_id"]
+
+        # a deferred arq job, one minute out, whose payload is only the run id
+        score = await queue_score(runtime, run_id)
+        assert score is not None
+        assert abs(score / 1000 - (booked_at + 60)) < 5
+        redis = await jobs.redis()
+        job = await redis.get(f"arq:job:{run_id}")
+        assert job is not None
+        assert json.loads(job)["a"] == [run_id]
+        record = await jobs.get(run_id)
+        assert (record.status, record.origin) == ("queued", "followup")
+        assert (record.session_id, record.memory_scope) == (session, "u1")
+        args = await stored_args(runtime, run_id)
+        assert (args["followup_depth"], args["deliver"], args["prompt"]) == (3, True, later)
+        assert not await jobs.session_active(session)  # waiting for its time holds nothing
+
+        # the same booking call made again (a retried job) books nothing new
+        plan_again = FollowupPlan(
+            delay_seconds=600,
+            prompt="x",
+            depth=3,
+            session=session,
+            parent_run_id=parent.run_id,
+            step=0,
+            call_id="u1r0c0",
+        )
+        assert plan_again.derived_run_id() == run_id
+        assert await jobs.enqueue_followup(plan_again) == run_id
+        assert (await stored_args(runtime, run_id))["prompt"] == later  # unchanged
+        assert await queue_score(runtime, run_id) == score
+
+        # when its time comes it runs in the session, with delivery on
+        assert (await run_job(runtime, AgentRunArgs.model_validate(args)))["status"] == ("complete")
+        reports = [r for r in inbox(runtime) if r.run_id == run_id]
+        [report] = reports
+        assert report.source is ReportSource.FOLLOWUP
+        assert report.session_id == session
+        assert report.text == "checked the deploy again after 0 rounds"
+        users = [m for m in await session_messages(runtime, session) if m.role is Role.USER]
+        assert [m.text_content for m in users] == [prompt, later]
+
+
+async def test_the_eleventh_link_of_a_chain_is_refused(env: JobsEnv) -> None:
+    async with started(env, followups=timedelta(hours=1)) as runtime:
+        assert runtime.jobs is not None
+        _, next_link = plan()
+        _, prompt = plan(rounds=[[followup_call(1, next_link)]], echo=True)
+        tenth = AgentRunArgs(prompt=prompt, origin="followup", followup_depth=9)
+        assert (await run_job(runtime, tenth))["status"] == "complete"
+        run_id = booked(await outcome_text(runtime, tenth.run_id))["run_id"]
+        assert (await stored_args(runtime, run_id))["followup_depth"] == 10
+
+        eleventh = AgentRunArgs(prompt=prompt, origin="followup", followup_depth=10)
+        assert (await run_job(runtime, eleventh))["status"] == "complete"
+        assert booked(await outcome_text(runtime, eleventh.run_id)) == {"error": FOLLOWUP_REFUSAL}
+        # and the tool's own checks reach the model the same way
+        _, bad = plan(rounds=[[followup_call(61, "x")]], echo=True)
+        args = AgentRunArgs(prompt=bad)
+        assert (await run_job(runtime, args))["status"] == "complete"
+        assert booked(await outcome_text(runtime, args.run_id)) == {
+            "error": "delay_minutes must be a whole number from 1 to 60"
+        }
+
+
+async def test_a_followup_does_not_hold_its_session_under_the_reject_policy(
+    env: JobsEnv,
+) -> None:
+    """The booking run holds its session; the follow-up it books must not be refused for it,
+    nor keep the session from other runs while it waits."""
+    reject = {"AGENT_SESSION_LOCK": "reject"}
+    async with started(env, reject, followups=timedelta(hours=1)) as runtime:
+        jobs = runtime.jobs
+        assert jobs is not None
+        session = unique("locked")
+        _, later = plan()
+        _, prompt = plan(rounds=[[followup_call(30, later)]], echo=True)
+        handle = await jobs.enqueue(AgentRunArgs(prompt=prompt, session=session))
+        ctx = await job_ctx(runtime, handle.run_id)
+        assert (await agent_run(ctx, handle.run_id))["status"] == "complete"
+        result = booked(await outcome_text(runtime, handle.run_id))
+        assert result.get("scheduled") is True, result
+        _, other = plan()
+        assert await jobs.enqueue(AgentRunArgs(prompt=other, session=session))  # not 409
+
+
+async def test_request_runs_get_the_followup_tool_and_book_in_their_session(
+    env: JobsEnv,
+) -> None:
+    async with started(env, followups=timedelta(minutes=30)) as runtime:
+        handle = AgentRuntimeHandle(runtime)
+        assert "schedule_followup" in handle.tool_names()
+        [info] = [t for t in handle.agent().tools if t.name == "schedule_followup"]
+        assert info.input_schema["properties"]["delay_minutes"]["maximum"] == 30  # type: ignore[index, call-overload]
+        session = unique("chat")
+        _, later = plan()
+        _, prompt = plan(rounds=[[followup_call(5, later)]], echo=True)
+        outcome = await handle.chat_as("user-7", session, prompt)
+        assert outcome.status == "completed"
+        run_id = booked(outcome.text)["run_id"]  # type: ignore[union-attr]
+        record = await handle.run_status(run_id)
+        assert (record.origin, record.session_id, record.memory_scope) == (
+            "followup",
+            session,
+            "user-7",
+        )
+        assert (await stored_args(runtime, run_id))["followup_depth"] == 1
+    async with started(env) as runtime:  # no followups: no tool
+        assert "schedule_followup" not in runtime.tool_names()
+
+
+async def test_the_followups_builder_sets_the_longest_delay(env: JobsEnv) -> None:
+    plugin = make_plugin(env.environ, heartbeat=None, followups=None)
+    assert plugin.followups(timedelta(minutes=5)) is plugin
+    runtime = await plugin.start()
+    try:
+        [tool] = [t for t in runtime.agent().tools if t.name == "schedule_followup"]
+        assert tool.input_schema["properties"]["delay_minutes"]["maximum"] == 5  # type: ignore[index, call-overload]
+    finally:
+        await runtime.aclose()
+
+
+async def test_a_followup_without_a_job_runtime_is_a_tool_error() -> None:
+    """Reference: ``followup_without_a_job_runtime_reports_a_tool_error``, through a runtime
+    whose background runs are off."""
+    model = ScriptedModel(
+        [tool_call("schedule_followup", {"delay_minutes": 5, "prompt": "check"}), "ok"]
+    )
+    runtime = AgentRuntime(
+        settings=AgentSettings.model_construct(),
+        client=model,
+        session_store=InMemorySessionStore(),
+        followups=timedelta(hours=1),
+    )
+    assert runtime.jobs is None
+    agent: Agent = runtime.agent()
+    outcome = await agent.run("book it")
+    assert outcome.status == "completed"
+    tool_message = model.requests[1].messages[-1]
+    [part] = tool_message.content
+    assert json.loads(part.tool_result.content) == {  # type: ignore[union-attr]
+        "error": "cannot schedule the follow-up: background runs are off for this plugin, so "
+        "nothing can run later"
+    }
+
+
+# --- acceptance: real arq worker processes --------------------------------------------------
+
+
+def heartbeat_env(directory: Path, **knobs: str) -> JobsEnv:
+    """An environment on a Redis database of its own: arq names a fleet tick's job
+    ``agent_heartbeat:<time>`` per Redis database, not per queue."""
+    database = random.randint(1, 15)
+    return jobs_env(directory, redis_url=f"redis://127.0.0.1:6379/{database}", **knobs)
+
+
+def start_workers(*workers: WorkerProcess) -> None:
+    for worker in workers:
+        worker.start(wait=False)
+    for worker in workers:
+        worker.wait_ready()
+
+
+def tick_seconds(env: JobsEnv) -> dict[int, list[str]]:
+    """The heartbeat jobs that ran, by the whole second they were scheduled for."""
+    ticks: dict[int, list[str]] = {}
+    for line in env.lines("heartbeat_job"):
+        job_id, score = line.args
+        ticks.setdefault(int(score) // 1000, []).append(job_id)
+    return ticks
+
+
+async def stats_of(env: JobsEnv) -> HeartbeatStats:
+    client = aioredis.Redis.from_url(env.redis_url)
+    try:
+        raw = await client.hgetall(f"{env.prefix}heartbeat")
+    finally:
+        await client.aclose()
+    values = {k.decode(): v.decode() for k, v in raw.items() if v}
+    return HeartbeatStats.model_validate(values)
+
+
+async def wait_for(check: Any, within: float, what: str) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        value = await check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.slow
+async def test_a_fleet_heartbeat_ticks_once_per_second_and_per_replica_once_per_worker(
+    tmp_path: Path,
+) -> None:
+    """Two workers each: ``every(1)`` ticks once a second in total; a per-replica cron
+    heartbeat (every second, Oslo time) once a second on each worker. Silent answers
+    (``HEARTBEAT_OK``) are never delivered."""
+    fleet_tag, fleet_prompt = plan(answer="HEARTBEAT_OK")
+    replica_tag, replica_prompt = plan(answer="HEARTBEAT_OK")
+    (tmp_path / "fleet").mkdir()
+    (tmp_path / "replica").mkdir()
+    fleet = heartbeat_env(tmp_path / "fleet", heartbeat="every:1", heartbeat_prompt=fleet_prompt)
+    replica = heartbeat_env(
+        tmp_path / "replica",
+        heartbeat="cron:* * * * * *",
+        heartbeat_timezone="Europe/Oslo",
+        heartbeat_per_replica="1",
+        heartbeat_prompt=replica_prompt,
+    )
+    workers = [WorkerProcess(e, name=f"w{i}") for e in (fleet, replica) for i in (1, 2)]
+    try:
+        start_workers(*workers)
+        first = math.ceil(time.time()) + 1  # the window: five whole seconds, all workers up
+        window = range(first, first + 5)
+        await asyncio.sleep(first + 5 + 1.5 - time.time())
+
+        fleet_ticks = tick_seconds(fleet)
+        assert [len(fleet_ticks.get(s, [])) for s in window] == [1] * 5, fleet_ticks
+        assert all(t[0] == f"agent_heartbeat:{s * 1000 + 123}" for s, t in fleet_ticks.items())
+        replica_ticks = tick_seconds(replica)
+        assert [len(replica_ticks.get(s, [])) for s in window] == [2] * 5, replica_ticks
+
+        # every tick started a check-in run on the workers; none had anything to say
+        stats = await stats_of(fleet)
+        assert stats.started >= 5
+        assert stats.skipped_busy == stats.failed == 0
+        runs = [line for line in fleet.lines("model_end") if line.args[0] == fleet_tag]
+        assert len(runs) >= 5
+        assert len([x for x in replica.lines("model_end") if x.args[0] == replica_tag]) >= 10
+        assert fleet.delivered() == replica.delivered() == []
+    finally:
+        for worker in workers:
+            worker.stop()
+        clean_redis(fleet)
+        clean_redis(replica)
+
+
+async def test_a_heartbeat_that_asks_for_an_action_is_denied_reported_and_never_doubled(
+    tmp_path: Path,
+) -> None:
+    """Two workers, one read-only heartbeat in a session: each scheduled second ticks once
+    across both; the model asks for an external-effect tool, gets it denied and reports with
+    source heartbeat; ticks while that run is active are skipped and counted."""
+    session = unique("ops")
+    tag, prompt = plan(
+        rounds=[[["effect", "restart"]]],
+        answer="The disk is full",
+        echo=True,
+        model_delay=0.8,  # the run outlasts a tick or two
+    )
+    env = heartbeat_env(
+        tmp_path, heartbeat="every:1", heartbeat_session=session, heartbeat_prompt=prompt
+    )
+    workers = [WorkerProcess(env, name="w1"), WorkerProcess(env, name="w2")]
+    try:
+        await asyncio.to_thread(start_workers, *workers)
+        reports = await wait_for(lambda: _delivered(env), 15, "a heartbeat report")
+        report = reports[0]
+        assert report["source"] == "heartbeat"
+        assert report["session_id"] == session
+        assert report["key"] == f"{report['run_id']}:heartbeat"
+        assert report["text"].startswith("The disk is full after 1 rounds | ")
+        assert READ_ONLY_REASON in report["text"]
+        assert not [line for line in env.lines("tool_start") if line.args[2] == "effect"]
+
+        stats = await wait_for(lambda: _skipped(env), 10, "a skipped tick")
+        assert stats.started >= 1
+        # never two check-ins of the session at once: model calls start and end in turn
+        calls = [x.event for x in env.lines() if x.event.startswith("model_") and x.args[0] == tag]
+        assert all(a != b for a, b in itertools.pairwise(calls)), calls
+        # one tick per scheduled second, not one per worker, and none missed
+        await wait_for(lambda: _ticked(env, 4), 10, "four ticks")
+        ticks = tick_seconds(env)
+        assert all(len(jobs) == 1 for jobs in ticks.values()), ticks
+        assert sorted(ticks) == list(range(min(ticks), max(ticks) + 1)), ticks
+    finally:
+        await asyncio.to_thread(_stop, *workers)
+        clean_redis(env)
+
+
+async def _ticked(env: JobsEnv, count: int) -> bool:
+    return len(tick_seconds(env)) >= count
+
+
+def _stop(*workers: WorkerProcess) -> None:
+    for worker in workers:
+        worker.stop()
+
+
+async def _delivered(env: JobsEnv) -> list[dict[str, Any]]:
+    return env.delivered()
+
+
+async def _skipped(env: JobsEnv) -> HeartbeatStats | None:
+    stats = await stats_of(env)
+    return stats if stats.skipped_busy >= 1 else None
+
+
+async def test_webhook_reports_arrive_signed_and_failing_receivers_do_not_fail_runs(
+    tmp_path: Path,
+) -> None:
+    env = jobs_env(tmp_path)
+    async with HttpServer(default=Reply(204)) as server:
+        server.queue(Reply(204), Reply(500, body="boom"), Hang())
+        worker = WorkerProcess(
+            env,
+            extra={
+                "JOBS_TEST_WEBHOOK": f"{server.url}/hooks/T0/tok-123",
+                "JOBS_TEST_WEBHOOK_TIMEOUT": "0.5",
+                "AGENT_WEBHOOK_SECRET": SECRET,
+            },
+        )
+        await asyncio.to_thread(worker.start)
+        runtime = await make_plugin(env.environ, delivery=None).start()
+        try:
+            handle = AgentRuntimeHandle(runtime)
+            session = unique("hooks")
+            ids: list[str] = []
+            for count, text in enumerate(("first", "second", "third"), 1):
+                _, prompt = plan(answer=text)
+                ids.append(await handle.enqueue_run(prompt, deliver=True, session=session))
+                await wait_for(lambda: _count(server, count), 15, text)  # noqa: B023
+            for run_id in ids:
+                await wait_for(lambda: _finished(handle, run_id), 15, "the runs")  # noqa: B023
+            records = [await handle.run_status(run_id) for run_id in ids]
+            assert [r.status for r in records] == ["complete"] * 3
+            assert [r.attempt for r in records] == [1, 1, 1]  # never re-run for a delivery
+
+            first = server.requests[0]
+            assert (first.method, first.path) == ("POST", "/hooks/T0/tok-123")
+            assert verify_webhook(
+                SECRET,
+                first.body,
+                timestamp=first.headers[TIMESTAMP_HEADER.lower()],
+                signature=first.headers[SIGNATURE_HEADER.lower()],
+            )
+            body = first.json()
+            assert (body["source"], body["run_id"], body["session_id"]) == (
+                "job",
+                ids[0],
+                session,
+            )
+            assert body["text"] == "first after 0 rounds"
+            assert first.headers[KEY_HEADER.lower()] == f"{ids[0]}:job" == body["key"]
+            assert [r.json()["run_id"] for r in server.requests[1:3]] == ids[1:]
+
+            # the worker logged the failures and carried on
+            output = await asyncio.to_thread(_wait_output, worker, "did not answer within")
+            assert f"cannot deliver report {ids[1]}:job" in output
+            assert "answered 500" in output
+            assert "tok-123" not in output
+            _, prompt = plan(answer="after the failures")
+            later = await handle.enqueue_run(prompt, deliver=True)
+            await wait_for(lambda: _finished(handle, later), 15, "a later run")
+            await wait_for(lambda: _count(server, 4), 5, "the later report")
+        finally:
+            await runtime.aclose()
+            await asyncio.to_thread(worker.stop)
+            clean_redis(env)
+
+
+async def _finished(handle: AgentRuntimeHandle, run_id: str) -> bool:
+    return (await handle.run_status(run_id)).status not in ("queued", "in_progress")
+
+
+async def _count(server: HttpServer, n: int) -> bool:
+    return len(server.requests) >= n
+
+
+def _wait_output(worker: WorkerProcess, text: str, within: float = 10) -> str:
+    deadline = time.monotonic() + within
+    while text not in (output := worker.output()):
+        assert time.monotonic() < deadline, output
+        time.sleep(0.05)
+    return output
+
+
+async def test_a_followup_booked_for_a_minute_runs_in_a_worker_one_link_deeper(
+    tmp_path: Path,
+) -> None:
+    env = jobs_env(tmp_path, followups="60")
+    worker = WorkerProcess(env)
+    await asyncio.to_thread(worker.start)
+    runtime = await make_plugin(env.environ).start()
+    try:
+        handle = AgentRuntimeHandle(runtime)
+        session = unique("deploy")
+        later_tag, later = plan(answer="the deploy finished")
+        _, prompt = plan(rounds=[[followup_call(1, later)]], answer="will check", echo=True)
+        parent = await handle.enqueue_run(prompt, session=session, memory_scope="u1")
+        await wait_for(lambda: _finished(handle, parent), 15, "the booking run")
+        record = await handle.run_status(parent)
+        assert record.outcome is not None
+        run_id = booked(record.outcome.text or "")["run_id"]
+
+        # a deferred arq job one minute out, tracked, one link deeper
+        redis = await handle.jobs.redis()
+        score = await redis.zscore(env.queue, run_id)
+        assert score is not None
+        assert 50 < score / 1000 - time.time() <= 60
+        followup = await handle.run_status(run_id)
+        assert (followup.status, followup.origin, followup.session_id) == (
+            "queued",
+            "followup",
+            session,
+        )
+        assert (await stored_args(runtime, run_id))["followup_depth"] == 1
+
+        # its minute has passed (we move it forward): the worker runs it and reports
+        await redis.zadd(env.queue, {run_id: time.time() * 1000}, xx=True)
+        await wait_for(lambda: _finished(handle, run_id), 15, "the follow-up")
+        done = await handle.run_status(run_id)
+        assert done.status == "complete"
+        assert done.outcome is not None
+        assert done.outcome.text == "the deploy finished after 0 rounds"
+        assert [line.args[0] for line in env.lines("model_end")].count(later_tag) == 1
+        [report] = await wait_for(lambda: _delivered(env), 5, "the follow-up's report")
+        assert (report["source"], report["run_id"], report["session_id"]) == (
+            "followup",
+            run_id,
+            session,
+        )
+
+        # the eleventh link of a chain is refused with the reference's text
+        _, deep = plan(rounds=[[followup_call(1, later)]], echo=True)
+        eleventh = await handle.enqueue_run(deep, origin="followup", followup_depth=10)
+        await wait_for(lambda: _finished(handle, eleventh), 15, "the eleventh link")
+        refused = await handle.run_status(eleventh)
+        assert refused.outcome is not None
+        assert booked(refused.outcome.text or "") == {"error": FOLLOWUP_REFUSAL}
+    finally:
+        await runtime.aclose()
+        await asyncio.to_thread(worker.stop)
+        clean_redis(env)
+
+
+# --- the demo -------------------------------------------------------------------------------
+
+
+def test_the_always_on_demo_runs_with_one_command() -> None:
+    """``python -m example_app.always_on``: memory, an approval round trip, and two heartbeat
+    ticks against the scripted model, one silent and one reported (reference: the seed's
+    ``always_on_agent`` example)."""
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-m", "example_app.always_on"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "user memory: ['Mark; wants to hear at once when the nightly backup fails']" in out
+    assert "paused: restart_service {'service': 'web'} needs approval" in out
+    assert "approved; agent: The web server was restarted." in out
+    assert "tick 1: the agent answered 'HEARTBEAT_OK'" in out
+    assert f'restart_service -> {{"error":"denied by policy: {READ_ONLY_REASON}"}}' in out
+    assert out.count(">> report to ops (heartbeat): Mark, the nightly backup failed") == 1
+    assert "reports delivered: 1 (the silent tick sent none)" in out
