@@ -89,7 +89,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict, Unp
 
 import sqlalchemy as sa
 from arq.connections import ArqRedis, RedisSettings, create_pool
-from arq.constants import in_progress_key_prefix
+from arq.constants import in_progress_key_prefix, job_key_prefix
 from arq.cron import CronJob, cron
 from arq.worker import Retry, func
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -97,13 +97,15 @@ from redis.asyncio.retry import Retry as RedisRetry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError
 
-from agent_plugin.agent import Agent
+from agent_plugin.agent import Agent, EventSink
+from agent_plugin.cancellation import CancelToken
 from agent_plugin.config import mask_url
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.events import OutcomeSummary
+from agent_plugin.events import AgentEvent, OutcomeSummary, RetryScheduled, RunEnded
 from agent_plugin.hooks import AgentHooks, RunControl
 from agent_plugin.ids import new_run_id
 from agent_plugin.journal import JournalEntry, RunJournal, Started, recover
+from agent_plugin.live import RunControlChannel, RunEventStream, watch
 from agent_plugin.outcomes import (
     AgentOutcome,
     ApprovalDecision,
@@ -125,6 +127,7 @@ from agent_plugin.proactive import (
 from agent_plugin.providers.base import ChatRequest
 from agent_plugin.redaction import redact_text, scrub
 from agent_plugin.sessions import MessageEntry, resume_in_session, run_in_session
+from agent_plugin.steering import Steering
 from agent_plugin.storage.models import RunRow
 from agent_plugin.storage.runs import RunRecord, RunStatus, SqlRunStore
 
@@ -270,7 +273,11 @@ class JobOptions:
       another worker continues the run of a worker that died.
     * ``keep_result``: seconds arq keeps a job's (small) result; the run record stays.
     * ``max_jobs``, ``poll_delay``: the worker's concurrency and queue polling interval.
-    * ``key_prefix``: prefix of the plugin's own Redis keys (session locks, retry counters).
+    * ``key_prefix``: prefix of the plugin's own Redis keys (session locks, retry counters,
+      and under ``{key_prefix}run:`` each run's event stream and control keys).
+    * ``events``: publish each background run's events to its Redis stream (read by
+      ``GET {prefix}/runs/{run_id}/events``); ``events_maxlen`` bounds the stream,
+      ``events_ttl`` is how long it stays after the run ends.
     """
 
     queue_name: str = "arq:queue"
@@ -284,6 +291,14 @@ class JobOptions:
     max_jobs: int = 10
     poll_delay: float = 0.5
     key_prefix: str = "agent:"
+    events: bool = True
+    events_maxlen: int = 1000
+    events_ttl: int = 3600
+
+    @property
+    def live_prefix(self) -> str:
+        """The prefix of the runs' event streams and control keys (:mod:`agent_plugin.live`)."""
+        return f"{self.key_prefix}run:"
 
     def __post_init__(self) -> None:
         checks = {
@@ -297,6 +312,8 @@ class JobOptions:
             "poll_delay": self.poll_delay > 0,
             "job_timeout": self.job_timeout is None or self.job_timeout > 0,
             "queue_name": bool(self.queue_name.strip()),
+            "events_maxlen": self.events_maxlen >= 1,
+            "events_ttl": self.events_ttl >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -790,6 +807,82 @@ class RunQueue:
             raise AgentError(ErrorKind.NOT_FOUND, f"no run {run_id!r}")
         return record
 
+    # --- live runs: cancel and steer from any process ----------------------------------------
+
+    def control(self, redis: ArqRedis, run_id: str) -> RunControlChannel:
+        """The run's control channel (what the worker running it watches)."""
+        return RunControlChannel(redis, run_id, prefix=self.options.live_prefix)
+
+    async def cancel(self, run_id: str, reason: str = "cancelled") -> RunRecord:
+        """Cancel a run that is queued, paused for approval or running, from any process.
+
+        The request goes to the run's control channel first (a worker that starts it now sees
+        it as it begins); a run nobody runs (queued, awaiting approval) is cancelled in its
+        record at once, its arq job taken off the queue and its event readers given a
+        ``run_end``; a running run ends ``cancelled`` at its next boundary, by its worker.
+        ``CONFLICT`` for a finished run, ``NOT_FOUND`` for an unknown one. Answers the record
+        as it is after the request.
+        """
+        record = await self.get(run_id)
+        if record.status.finished:
+            raise AgentError(
+                ErrorKind.CONFLICT, f"run {run_id} is {record.status}: it cannot be cancelled"
+            )
+        redis = await self.redis()
+        async with self._reaching_redis():
+            await self.control(redis, run_id).request_cancel(reason)
+        if record.status not in (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL):
+            return record
+        try:
+            record = await self.store.cancel(run_id, reason)
+        except AgentError as error:
+            if error.kind is not ErrorKind.CONFLICT:
+                raise
+            record = await self.get(run_id)  # started meanwhile: the flag reaches its worker
+            if record.status.finished and record.status is not RunStatus.CANCELLED:
+                raise
+            return record
+        async with self._reaching_redis():
+            pipe = redis.pipeline(transaction=False)
+            pipe.zrem(self.options.queue_name, run_id)
+            pipe.delete(job_key_prefix + run_id)
+            await pipe.execute()
+        if self.options.events and record.outcome is not None:
+            stream = RunEventStream(
+                redis,
+                run_id,
+                prefix=self.options.live_prefix,
+                maxlen=self.options.events_maxlen,
+                ttl_after_end=self.options.events_ttl,
+            )
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                await stream.publish(RunEnded(run_id=run_id, summary=record.outcome))
+        logger.info("run %s cancelled before it ran: %s", run_id, reason)
+        return record
+
+    async def steer(self, run_id: str, text: str) -> RunRecord:
+        """Queue a user message that joins a running run before its next model call [OP-11].
+
+        ``CONFLICT`` unless the run is ``in_progress``; ``NOT_FOUND`` for an unknown run.
+        A run in a session is a ``CONFLICT`` too: a session turn takes no steering queue yet
+        (:func:`~agent_plugin.sessions.run_in_session` has no ``steering`` parameter).
+        """
+        record = await self.get(run_id)
+        if record.status is not RunStatus.IN_PROGRESS:
+            raise AgentError(
+                ErrorKind.CONFLICT,
+                f"run {run_id} is {record.status}: only a running run takes messages",
+            )
+        if record.session_id is not None:
+            raise AgentError(
+                ErrorKind.CONFLICT,
+                f"run {run_id} runs in a session: session runs take no messages yet",
+            )
+        redis = await self.redis()
+        async with self._reaching_redis():
+            await self.control(redis, run_id).send_steering(text)
+        return record
+
 
 _TICK_FAILED: Final = "failed"
 
@@ -938,6 +1031,9 @@ class _Delivery:
         self.session: str | None = None
         self.ended: AgentOutcome | OutcomeSummary | None = None
         """How the run ended (or, found ended by a re-delivery, its record's summary)."""
+        self.stream: RunEventStream | None = None
+        self.held_end: RunEnded | None = None
+        """The agent's own ``run_end``: published once the record says how the run ended."""
 
     def result(self, status: RunStatus | str) -> dict[str, Any]:
         """The job's result in arq: the run id and its status; never the outcome or a secret."""
@@ -975,6 +1071,7 @@ class _Delivery:
                     if conflict.kind is not ErrorKind.CONFLICT:
                         raise
                     return await self._current_status()
+                await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
                 return self.result(RunStatus.FAILED)
             self.session = session
             lock = None
@@ -1078,6 +1175,7 @@ class _Delivery:
                     f"the run did not finish within the job timeout ({timeout:g} s)",
                 )
             await self.store.fail(self.run_id, error.info())
+            await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
             return self.result(RunStatus.FAILED)
         except asyncio.CancelledError:  # the worker is shutting down; arq runs the job again
             await asyncio.shield(_quietly(self.store.requeue(self.run_id)))
@@ -1109,6 +1207,7 @@ class _Delivery:
             outcome = await self._drive(record, args)
             record = await self.store.finish(self.run_id, outcome)
             self.ended = outcome
+            await self._publish_end(self.held_end or RunEnded.of(self.run_id, outcome))
         except AgentError as error:
             return await self._failed(error, attempt)
         except Exception as error:  # a bug in app code (a hook, a policy, a store)
@@ -1167,15 +1266,80 @@ class _Delivery:
                     delay,
                 )
                 self.retry_delay = delay
+                await self._publish_end(
+                    RetryScheduled(
+                        run_id=self.run_id,
+                        attempt=retries + 1,
+                        max_attempts=self.options.max_attempts,
+                        wait_seconds=delay,
+                        error=error.info(),
+                    )
+                )
                 raise Retry(defer=delay)
         logger.warning("run %s failed: %s", self.run_id, error)
         await self.store.fail(self.run_id, error.info())
+        await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
         await self._forget_retries()
         return self.result(RunStatus.FAILED)
 
     # --- what the run does -----------------------------------------------------------------
 
+    def _event_stream(self) -> RunEventStream:
+        if self.stream is None:
+            self.stream = RunEventStream(
+                self.redis,
+                self.run_id,
+                prefix=self.options.live_prefix,
+                maxlen=self.options.events_maxlen,
+                ttl_after_end=self.options.events_ttl,
+            )
+        return self.stream
+
+    async def _publish_end(self, event: AgentEvent) -> None:
+        """Publish how the run ended (or that it will be retried) once its record says so;
+        events never fail a run."""
+        if not self.options.events:
+            return
+        try:
+            await self._event_stream().publish(event)
+        except (RedisError, OSError, TimeoutError) as error:
+            logger.warning(
+                "run %s: its %s event was not published: %s", self.run_id, event.type, error
+            )
+
     async def _drive(self, record: RunRecord, args: AgentRunArgs | None) -> AgentOutcome:
+        """Run :meth:`_drive_live` while the run's events go to its Redis stream and its
+        control channel (cancel, steering) reaches its :class:`CancelToken` and
+        :class:`Steering`, from any process."""
+        live = _Live(CancelToken(), Steering(), None)
+        async with contextlib.AsyncExitStack() as stack:
+            if self.options.events:
+                publish = await stack.enter_async_context(self._event_stream().publisher())
+
+                def sink(event: AgentEvent) -> None:
+                    if isinstance(event, RunEnded):  # published by _publish_end, see there
+                        self.held_end = event
+                        return
+                    publish(event)
+
+                live.sink = sink
+            try:
+                await stack.enter_async_context(
+                    watch(
+                        self.redis,
+                        self.run_id,
+                        live.cancel,
+                        live.steering,
+                        prefix=self.options.live_prefix,
+                    )
+                )
+            except (RedisError, OSError, TimeoutError) as error:
+                logger.warning("run %s: cannot watch its control channel: %s", self.run_id, error)
+            return await self._drive_live(record, args, live)
+
+    async def _drive_live(
+        self, record: RunRecord, args: AgentRunArgs | None, live: _Live
+    ) -> AgentOutcome:
         """Continue the run from wherever it is: a resume, a checkpoint, or the start."""
         store = self.store
         runtime = self.queue.runtime
@@ -1195,12 +1359,12 @@ class _Delivery:
         pending = None if first else await store.pending_resume(self.run_id)
         if pending is not None and not _resume_began(entries, pending[0]):
             state, decisions = pending
-            return await self._resume(agent, state, decisions, journal)
+            return await self._resume(agent, state, decisions, journal, live)
         recovered = recover(entries)
         if recovered is not None:
             if recovered.awaiting():  # it had paused for approval before the worker stopped
                 return AwaitingApproval(state=recovered)
-            return await self._resume(agent, recovered, [], journal)
+            return await self._resume(agent, recovered, [], journal, live)
         if args is None:
             raise AgentError(
                 ErrorKind.DECODE, f"run {self.run_id} has neither arguments nor checkpoints"
@@ -1214,9 +1378,20 @@ class _Delivery:
                 compaction=runtime.compaction,
                 run_id=self.run_id,
                 journal=journal,
+                cancel=live.cancel,  # run_in_session takes no steering: none for session runs
+                on_event=live.sink,
             )
             return turn.outcome
-        return (await agent.run_turn([], args.prompt, run_id=self.run_id, journal=journal)).outcome
+        alone = await agent.run_turn(
+            [],
+            args.prompt,
+            run_id=self.run_id,
+            journal=journal,
+            cancel=live.cancel,
+            steering=live.steering,
+            on_event=live.sink,
+        )
+        return alone.outcome
 
     async def _resume(
         self,
@@ -1224,18 +1399,39 @@ class _Delivery:
         state: RunState,
         decisions: Sequence[ApprovalDecision],
         journal: RunJournal,
+        live: _Live,
     ) -> AgentOutcome:
         session_id, version = state.session_id, state.session_version
         if session_id is None or version is None:
-            return (await agent.resume(state, decisions, journal=journal)).outcome
+            turn = await agent.resume(
+                state,
+                decisions,
+                journal=journal,
+                cancel=live.cancel,
+                steering=live.steering,
+                on_event=live.sink,
+            )
+            return turn.outcome
         store = self.queue.runtime.session_store
         mine = state.messages[state.history_length :]
         newer = await store.entries(session_id, after=version, limit=len(mine) + 1)
         if newer and [e.message for e in newer if isinstance(e, MessageEntry)] == mine:
             # the turn was saved just before the worker stopped: its outcome, without saving
             return (await agent.resume(state, decisions)).outcome
-        turn = await resume_in_session(agent, store, state, decisions, journal=journal)
+        turn = await resume_in_session(
+            agent, store, state, decisions, journal=journal, cancel=live.cancel, on_event=live.sink
+        )
         return turn.outcome
+
+
+@dataclass
+class _Live:
+    """What a delivery hands every agent call: the run's cancel token and steering queue
+    (fed by :func:`~agent_plugin.live.watch`) and its event sink (``None``: no events)."""
+
+    cancel: CancelToken
+    steering: Steering
+    sink: EventSink | None
 
 
 def _resume_began(entries: Sequence[JournalEntry], paused: RunState) -> bool:

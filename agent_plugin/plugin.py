@@ -76,9 +76,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias, Unpack
 
-from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.params import Depends as DependsParam
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from agent_plugin.agent import Agent
@@ -831,20 +831,23 @@ class AgentPlugin:
         dependencies: Sequence[DependsParam] = (),
         health_route: bool | None = None,
         runs_route: bool = False,
+        console: bool = False,
     ) -> None:
         """Add the routes, the error handler and the health route; wrap the app's lifespan.
 
         ``dependencies`` (e.g. ``[Depends(require_user)]``) guard the agent routes; the
         health routes stay open. ``health_route=None`` adds them unless the app already has a
-        route at the health path. ``runs_route=True`` adds ``POST {prefix}/runs`` (see
-        :meth:`router`).
+        route at the health path. ``runs_route=True`` adds ``POST {prefix}/runs`` and
+        ``console=True`` the run console page (see :meth:`router`).
         """
         if getattr(app.state, "agent_plugin", None) is not None:
             raise AgentError.config("an agent plugin is already installed in this app")
         app.state.agent_plugin = self
         prefix, health_path = self._layout()
         app.add_exception_handler(AgentError, agent_error_handler)
-        app.include_router(self.router(prefix, dependencies=dependencies, runs_route=runs_route))
+        app.include_router(
+            self.router(prefix, dependencies=dependencies, runs_route=runs_route, console=console)
+        )
         if health_route is None:
             health_route = not any(
                 getattr(route, "path", None) == health_path for route in app.router.routes
@@ -875,6 +878,7 @@ class AgentPlugin:
         *,
         dependencies: Sequence[DependsParam] = (),
         runs_route: bool = False,
+        console: bool = False,
     ) -> APIRouter:
         """The agent routes under ``prefix``, all behind ``dependencies``.
 
@@ -891,6 +895,21 @@ class AgentPlugin:
           decided already.
         * ``POST {prefix}/runs`` (only with ``runs_route=True``): ``{"prompt", "session"?}``
           starts a tracked run; 202 with the handle (``Location``: the status path).
+        * ``GET {prefix}/runs/{run_id}/events``: the run's events as Server-Sent Events
+          (:mod:`agent_plugin.live`), from the start or after ``Last-Event-ID`` (header, or the
+          ``last_event_id`` query parameter), ending after its ``run_end`` (``?follow=true``:
+          after the final one, through pauses); 204 when the client has seen the end already,
+          400 for a malformed id, 404 for an unknown run.
+        * ``POST {prefix}/runs/{run_id}/cancel`` (``{"reason"?}``): cancels a queued, paused or
+          running run (a running one ends ``cancelled`` at its next boundary, in its worker);
+          202 with the handle, 409 for a finished run.
+        * ``POST {prefix}/runs/{run_id}/messages`` (``{"text"}``): a user message that joins a
+          running run before its next model call; 202, or 409 when the run is not running
+          (or runs in a session, which takes no messages yet).
+        * ``GET {prefix}/console/{run_id}`` (only with ``console=True``): a page that shows
+          the run live and offers approve / reject for calls awaiting approval. Browsers'
+          ``EventSource`` sends no ``Authorization`` header: behind ``dependencies`` the console
+          works with cookie (session) auth.
 
         Run ids are unguessable (128 random bits), but every caller that passes
         ``dependencies`` can read any run it knows the id of: scope the ids per user in your
@@ -909,6 +928,7 @@ class AgentPlugin:
 
         if self.job_options() is not None:
             _add_run_routes(router, runs_route=runs_route)
+            _add_live_routes(router, console=console, prefix=prefix)
         return router
 
 
@@ -971,6 +991,119 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
             handle = await agent.enqueue_run_tracked(body.prompt, session=body.session)
             response.headers["location"] = handle.status_path
             return handle
+
+
+class SteeringRequest(BaseModel):
+    """The body of ``POST {prefix}/runs/{run_id}/messages``: a message for a running run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, max_length=32_000, examples=["Also check the staging logs"])
+
+
+class CancelRequest(BaseModel):
+    """The (optional) body of ``POST {prefix}/runs/{run_id}/cancel``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(default="cancelled over HTTP", min_length=1, max_length=500)
+
+
+def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
+    """The live-run routes of :meth:`AgentPlugin.router`: events, cancel, messages, console."""
+    from agent_plugin.console import CONSOLE_HEADERS, console_page
+    from agent_plugin.events import RunEnded
+    from agent_plugin.jobs import RunHandle
+    from agent_plugin.live import (
+        caught_up_with_end,
+        parse_event_id,
+        replay_response,
+        run_events_response,
+        stream_key,
+    )
+
+    problems: dict[int | str, dict[str, Any]] = {
+        404: {"description": "No such run (problem details)"},
+        409: {"description": "The run is not in a state that takes this request"},
+        503: {"description": "Redis or the database is unreachable, or the plugin is not running"},
+    }
+
+    @router.get(
+        "/runs/{run_id}/events",
+        response_class=StreamingResponse,
+        summary="A run's events as Server-Sent Events",
+        responses={
+            200: {"content": {"text/event-stream": {}}},
+            204: {"description": "The client has seen the run's end already"},
+            400: {"description": "Last-Event-ID is not an event id"},
+            404: problems[404],
+            503: problems[503],
+        },
+    )
+    async def run_events(
+        run_id: str,
+        agent: AgentHandle,
+        last_event_id: Annotated[str | None, Header()] = None,
+        after: Annotated[str | None, Query(alias="last_event_id")] = None,
+        follow: bool = False,
+    ) -> Response:
+        record = await agent.run_status(run_id)  # 404 for an unknown run, never a hang
+        jobs = agent.jobs
+        redis = await jobs.redis()
+        live_prefix = jobs.options.live_prefix
+        last = last_event_id or after
+        if last is not None and parse_event_id(last) is None:
+            raise HTTPException(400, "Last-Event-ID is not an event id")
+        if await caught_up_with_end(redis, run_id, last, prefix=live_prefix):
+            return Response(status_code=204)
+        if record.status.finished and not await redis.exists(stream_key(run_id, live_prefix)):
+            if last is not None:
+                return Response(status_code=204)
+            end = RunEnded(run_id=run_id, summary=record.outcome, error=record.error)
+            return replay_response([end])
+        return run_events_response(
+            redis, run_id, last_event_id=last, follow=follow, prefix=live_prefix
+        )
+
+    @router.post(
+        "/runs/{run_id}/cancel",
+        status_code=202,
+        response_model=RunHandle,
+        summary="Cancel a queued, paused or running run",
+        responses=problems,
+    )
+    async def cancel_run(
+        run_id: str,
+        agent: AgentHandle,
+        response: Response,
+        body: Annotated[CancelRequest | None, Body()] = None,
+    ) -> Any:
+        await agent.jobs.cancel(run_id, body.reason if body else "cancelled over HTTP")
+        handle = agent.jobs.handle(run_id)
+        response.headers["location"] = handle.status_path
+        return handle
+
+    @router.post(
+        "/runs/{run_id}/messages",
+        status_code=202,
+        response_model=RunHandle,
+        summary="Send a message that joins a running run before its next model call",
+        responses=problems,
+    )
+    async def steer_run(
+        run_id: str, body: SteeringRequest, agent: AgentHandle, response: Response
+    ) -> Any:
+        await agent.jobs.steer(run_id, body.text)
+        handle = agent.jobs.handle(run_id)
+        response.headers["location"] = handle.status_path
+        return handle
+
+    if console:
+
+        @router.get("/console/{run_id}", response_class=HTMLResponse, include_in_schema=False)
+        async def run_console(run_id: str, agent: AgentHandle) -> HTMLResponse:
+            await agent.run_status(run_id)  # 404 for an unknown run
+            return HTMLResponse(console_page(run_id, prefix=prefix), headers=CONSOLE_HEADERS)
 
 
 def _newest_revision() -> str | None:

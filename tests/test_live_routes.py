@@ -1,0 +1,268 @@
+"""Live runs through the plugin's routes with a real arq worker process, the real Redis on
+127.0.0.1 and a SQLite database shared by the app (httpx's ASGI transport) and the worker
+(issue 8): the events of a background run over SSE, resuming after ``Last-Event-ID``, cancel
+and steering from the web to the worker, and the run console route.
+
+httpx's ASGI transport hands a response over once it is complete; an SSE response completes
+after the run's ``run_end``, so each read below is a whole stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from agent_plugin.plugin import AgentRuntimeHandle
+from tests.jobs_app import JobsEnv, WorkerProcess, clean_redis, jobs_env, make_app, make_plugin
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobsEnv]:
+    """The module's database, queue and log, and one worker process serving them."""
+    environment = jobs_env(tmp_path_factory.mktemp("live"))
+    worker = WorkerProcess(environment)
+    worker.start()
+    try:
+        yield environment
+    finally:
+        worker.stop()
+        clean_redis(environment)
+
+
+@asynccontextmanager
+async def serve(env: JobsEnv, **install: Any) -> AsyncIterator[httpx.AsyncClient]:
+    app = make_app(make_plugin(env.environ), runs_route=True, **install)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client,
+    ):
+        HANDLES[id(client)] = AgentRuntimeHandle(app.state.agent_runtime)
+        try:
+            yield client
+        finally:
+            HANDLES.pop(id(client), None)
+
+
+HANDLES: dict[int, AgentRuntimeHandle] = {}
+"""The runtime handle of each served client's app, by the client's id."""
+
+
+@pytest.fixture
+async def client(env: JobsEnv) -> AsyncIterator[httpx.AsyncClient]:
+    async with serve(env) as value:
+        yield value
+
+
+_tags = iter(range(1_000_000))
+
+
+def plan(**fields: Any) -> str:
+    tag = f"live{next(_tags)}_{time.monotonic_ns() % 1_000_000}"
+    return json.dumps({"tag": tag, **fields})
+
+
+async def start(client: httpx.AsyncClient, prompt: str) -> str:
+    response = await client.post("/agent/runs", json={"prompt": prompt})
+    assert response.status_code == 202, response.text
+    return str(response.json()["run_id"])
+
+
+async def record_of(client: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    response = await client.get(f"/agent/runs/{run_id}")
+    assert response.status_code == 200, response.text
+    record: dict[str, Any] = response.json()
+    return record
+
+
+async def wait_for(
+    client: httpx.AsyncClient, run_id: str, status: set[str], within: float = 15.0
+) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    while True:
+        record = await record_of(client, run_id)
+        if record["status"] in status:
+            return record
+        assert time.monotonic() < deadline, f"gave up waiting: {record}"
+        await asyncio.sleep(0.03)
+
+
+async def wait_for_tool(env: JobsEnv, run_id: str, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while not any(line.args[0] == run_id for line in env.lines("tool_start")):
+        assert time.monotonic() < deadline, "the tool never started"
+        await asyncio.sleep(0.03)
+
+
+def frames(body: str) -> list[dict[str, Any]]:
+    """The ``id``/``event``/``data`` frames of an SSE body (comments and ``retry`` skipped)."""
+    found: list[dict[str, Any]] = []
+    for block in body.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = fields.get(name, "") + value.removeprefix(" ")
+        if "event" in fields:
+            found.append(
+                {
+                    "id": fields.get("id"),
+                    "event": fields["event"],
+                    "data": json.loads(fields["data"]),
+                }
+            )
+    return found
+
+
+async def events(
+    client: httpx.AsyncClient, run_id: str, last: str | None = None
+) -> tuple[int, list[dict[str, Any]]]:
+    headers = {"last-event-id": last} if last is not None else {}
+    response = await client.get(f"/agent/runs/{run_id}/events", headers=headers)
+    if response.status_code == 200:
+        assert response.headers["content-type"].startswith("text/event-stream")
+    return response.status_code, frames(response.text)
+
+
+def id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
+
+
+# --- events over SSE ------------------------------------------------------------------------
+
+
+async def test_a_background_runs_events_arrive_in_order_and_resume_after_last_event_id(
+    client: httpx.AsyncClient,
+) -> None:
+    run_id = await start(client, plan(rounds=[[["effect", "a"]], [["effect", "b"]]]))
+    status, seen = await events(client, run_id)  # opened while queued or running
+    assert status == 200
+    kinds = [frame["event"] for frame in seen]
+    assert kinds[0] == "run_start"
+    assert kinds[-1] == "run_end"
+    assert kinds.count("run_end") == 1
+    assert kinds.count("tool_start") == 2 or kinds.count("tool_end") == 2, kinds
+    ids = [str(frame["id"]) for frame in seen]
+    assert ids == sorted(ids, key=id_key)
+    assert len(set(ids)) == len(ids)
+    end = seen[-1]["data"]
+    assert end["run_id"] == run_id
+    assert end["summary"]["status"] == "completed"
+    assert end["summary"]["text"] == "done after 2 rounds"
+    assert (await record_of(client, run_id))["status"] == "complete"
+
+    # reconnect after the third event: the rest, no duplicates, no gaps
+    status, rest = await events(client, run_id, last=ids[2])
+    assert status == 200
+    assert rest == seen[3:]
+    # a client that saw the end: 204 (what stops an EventSource reconnecting)
+    status, _ = await events(client, run_id, last=ids[-1])
+    assert status == 204
+    status, _ = await events(client, run_id, last="not-an-id")
+    assert status == 400
+
+
+async def test_events_of_an_unknown_run_are_404(client: httpx.AsyncClient) -> None:
+    response = await client.get("/agent/runs/run_nosuchrun/events")
+    assert response.status_code == 404
+
+
+# --- cancel ---------------------------------------------------------------------------------
+
+
+async def test_a_running_run_is_cancelled_mid_tool(client: httpx.AsyncClient, env: JobsEnv) -> None:
+    run_id = await start(client, plan(rounds=[[["effect", "slow"]]], tool_delay=20))
+    await wait_for_tool(env, run_id)
+    began = time.monotonic()
+    response = await client.post(f"/agent/runs/{run_id}/cancel", json={"reason": "stop it"})
+    assert response.status_code == 202, response.text
+    assert response.json()["run_id"] == run_id
+    record = await wait_for(client, run_id, {"cancelled", "complete", "failed"})
+    assert record["status"] == "cancelled"
+    assert record["outcome"]["reason"] == "stop it"
+    assert time.monotonic() - began < 10
+    status, seen = await events(client, run_id)
+    assert status == 200
+    assert seen[-1]["event"] == "run_end"
+    assert seen[-1]["data"]["summary"]["status"] == "cancelled"
+    # the call in flight has an outcome-unknown result, so the transcript stays valid
+    results = [f["data"] for f in seen if f["event"] == "tool_end"]
+    assert results
+    assert "unknown" in json.dumps(results).lower()
+
+    # a finished run: 409 for cancel and for messages
+    again = await client.post(f"/agent/runs/{run_id}/cancel")
+    assert again.status_code == 409
+    message = await client.post(f"/agent/runs/{run_id}/messages", json={"text": "hello"})
+    assert message.status_code == 409
+
+
+async def test_a_queued_run_is_cancelled_at_once_and_its_readers_see_the_end(
+    client: httpx.AsyncClient, env: JobsEnv
+) -> None:
+    run_id = await HANDLES[id(client)].enqueue_run_in(30, plan(rounds=[[["effect", "never"]]]))
+    reader = asyncio.create_task(events(client, run_id))
+    await asyncio.sleep(0.2)
+    response = await client.post(f"/agent/runs/{run_id}/cancel")
+    assert response.status_code == 202
+    assert (await record_of(client, run_id))["status"] == "cancelled"
+    status, seen = await asyncio.wait_for(reader, 10)
+    assert status == 200
+    assert [f["event"] for f in seen] == ["run_end"]
+    assert seen[0]["data"]["summary"]["status"] == "cancelled"
+    message = await client.post(f"/agent/runs/{run_id}/messages", json={"text": "hello"})
+    assert message.status_code == 409
+
+
+async def test_cancel_and_messages_of_an_unknown_run_are_404(client: httpx.AsyncClient) -> None:
+    assert (await client.post("/agent/runs/run_nosuchrun/cancel")).status_code == 404
+    steer = await client.post("/agent/runs/run_nosuchrun/messages", json={"text": "x"})
+    assert steer.status_code == 404
+
+
+# --- steering -------------------------------------------------------------------------------
+
+
+async def test_a_steering_message_joins_the_next_model_request(
+    client: httpx.AsyncClient, env: JobsEnv
+) -> None:
+    run_id = await start(client, plan(rounds=[[["effect", "wait"]]], tool_delay=1.5))
+    await wait_for_tool(env, run_id)
+    response = await client.post(
+        f"/agent/runs/{run_id}/messages", json={"text": "steer-canary please"}
+    )
+    assert response.status_code == 202, response.text
+    record = await wait_for(client, run_id, {"complete", "failed", "cancelled"})
+    # the scripted model answers from the latest user message: the steering one
+    assert record["outcome"]["text"] == "echo: steer-canary please"
+    bad = await client.post(f"/agent/runs/{run_id}/messages", json={"text": ""})
+    assert bad.status_code == 422
+
+
+# --- the console ----------------------------------------------------------------------------
+
+
+async def test_the_console_is_off_by_default_and_served_when_on(
+    client: httpx.AsyncClient, env: JobsEnv
+) -> None:
+    run_id = await start(client, plan())
+    assert (await client.get(f"/agent/console/{run_id}")).status_code == 404
+    async with serve(env, console=True) as on:
+        page = await on.get(f"/agent/console/{run_id}")
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        assert "content-security-policy" in page.headers
+        assert run_id in page.text
+        assert 'data-prefix="/agent"' in page.text
+        assert (await on.get("/agent/console/run_nosuchrun")).status_code == 404
+    await wait_for(client, run_id, {"complete"})
