@@ -864,19 +864,12 @@ class RunQueue:
         """Queue a user message that joins a running run before its next model call [OP-11].
 
         ``CONFLICT`` unless the run is ``in_progress``; ``NOT_FOUND`` for an unknown run.
-        A run in a session is a ``CONFLICT`` too: a session turn takes no steering queue yet
-        (:func:`~agent_plugin.sessions.run_in_session` has no ``steering`` parameter).
         """
         record = await self.get(run_id)
         if record.status is not RunStatus.IN_PROGRESS:
             raise AgentError(
                 ErrorKind.CONFLICT,
                 f"run {run_id} is {record.status}: only a running run takes messages",
-            )
-        if record.session_id is not None:
-            raise AgentError(
-                ErrorKind.CONFLICT,
-                f"run {run_id} runs in a session: session runs take no messages yet",
             )
         redis = await self.redis()
         async with self._reaching_redis():
@@ -1378,7 +1371,8 @@ class _Delivery:
                 compaction=runtime.compaction,
                 run_id=self.run_id,
                 journal=journal,
-                cancel=live.cancel,  # run_in_session takes no steering: none for session runs
+                cancel=live.cancel,
+                steering=live.steering,
                 on_event=live.sink,
             )
             return turn.outcome
@@ -1419,7 +1413,14 @@ class _Delivery:
             # the turn was saved just before the worker stopped: its outcome, without saving
             return (await agent.resume(state, decisions)).outcome
         turn = await resume_in_session(
-            agent, store, state, decisions, journal=journal, cancel=live.cancel, on_event=live.sink
+            agent,
+            store,
+            state,
+            decisions,
+            journal=journal,
+            cancel=live.cancel,
+            steering=live.steering,
+            on_event=live.sink,
         )
         return turn.outcome
 

@@ -52,6 +52,7 @@ from agent_plugin.providers.base import ChatRequest, LlmClient
 if TYPE_CHECKING:
     from agent_plugin.agent import Agent, EventSink
     from agent_plugin.journal import RunJournal
+    from agent_plugin.steering import Steering
 
 __all__ = [
     "MAX_SESSION_ID_LENGTH",
@@ -627,6 +628,7 @@ async def run_in_session(
     compaction: Compaction | None = None,
     run_id: str | None = None,
     cancel: CancelToken | None = None,
+    steering: Steering | None = None,
     on_event: EventSink | None = None,
     stream: bool = False,
     journal: RunJournal | None = None,
@@ -657,6 +659,7 @@ async def run_in_session(
         run_id=run_id,
         session_id=session_id,
         cancel=cancel,
+        steering=steering,
         on_event=on_event,
         stream=stream,
         session_version=view.version,
@@ -682,6 +685,7 @@ async def resume_in_session(
     decisions: Iterable[ApprovalDecision] = (),
     *,
     cancel: CancelToken | None = None,
+    steering: Steering | None = None,
     on_event: EventSink | None = None,
     stream: bool = False,
     journal: RunJournal | None = None,
@@ -707,7 +711,13 @@ async def resume_in_session(
             f"{expected}: the paused turn can no longer be saved",
         )
     turn = await agent.resume(
-        state, decisions, cancel=cancel, on_event=on_event, stream=stream, journal=journal
+        state,
+        decisions,
+        cancel=cancel,
+        steering=steering,
+        on_event=on_event,
+        stream=stream,
+        journal=journal,
     )
     version = expected
     if not _paused(turn.outcome):

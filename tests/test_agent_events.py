@@ -446,3 +446,20 @@ async def test_steered_messages_are_journaled() -> None:
     state = recover(journal.entries)
     assert state is not None
     assert state.messages == turn.messages
+
+
+async def test_a_session_run_takes_steering_and_saves_it() -> None:
+    from agent_plugin.sessions import InMemorySessionStore
+
+    steering = Steering()
+    store = InMemorySessionStore()
+
+    def lookup(args: Any) -> Any:
+        steering.send("and tomorrow?")
+        return "sunny"
+
+    model = ScriptedModel([tool_call("look", {}), "Sunny today and tomorrow."])
+    agent = Agent(model, tools=[FnTool("look", "looks", {"type": "object"}, lookup)])
+    await agent.run_in_session(store, "s1", "Weather?", steering=steering)
+    saved = [m.text_content for m in (await store.load("s1")).messages if m.role is Role.USER]
+    assert saved == ["Weather?", "and tomorrow?"]
