@@ -74,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = asyncio.run(_migrate(url, args.direction, revision))
     except ModuleNotFoundError as error:
         print(
-            f"error: {error.name} is not installed: pip install 'fastapi-agent-plugin[storage]'",
+            f"error: {error.name} is not installed (for PostgreSQL: "
+            "pip install 'fastapi-agent-plugin[postgres]')",
             file=sys.stderr,
         )
         return 1

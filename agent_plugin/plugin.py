@@ -663,15 +663,15 @@ class AgentPlugin:
     def _database_for(self, settings: AgentSettings) -> Database | None:
         if not self._needs_database():
             return None
+        from agent_plugin.storage import Database
+
         try:
-            from agent_plugin.storage import Database
+            return Database(settings.database_url)
         except ImportError as error:
             raise AgentError.config(
-                f"the SQL stores need the storage extra ({error.name or error} is missing): "
-                "pip install 'fastapi-agent-plugin[storage]', or pass session_store= "
-                "(e.g. InMemorySessionStore()) to AgentPlugin"
+                f"the database driver {error.name or error} is not installed (for PostgreSQL: "
+                "pip install 'fastapi-agent-plugin[postgres]')"
             ) from error
-        return Database(settings.database_url)
 
     async def _prepare(self, database: Database) -> None:
         migrate = self.auto_migrate

@@ -1,7 +1,7 @@
 """SQLAlchemy implementations of the plugin's stores, on SQLite (default) or PostgreSQL.
 
-Needs the ``storage`` extra (``pip install 'fastapi-agent-plugin[storage]'``; add ``postgres``
-for PostgreSQL). One :class:`Database` per application owns the async engine; the stores share
+PostgreSQL needs the ``postgres`` extra (``pip install 'fastapi-agent-plugin[postgres]'``). One
+:class:`Database` per application owns the async engine; the stores share
 it::
 
     database = Database("sqlite+aiosqlite:///agent.db")
