@@ -163,8 +163,9 @@ class Report(BaseModel):
     ``outcome`` is the public summary of how the run ended (tool arguments redacted, no
     transcript); a paused run's state stays on the server, where a reviewer's decisions resume
     it. ``session_id`` routes the report back to its conversation. ``key`` is
-    ``"<run_id>:<source>"``: the same run reported twice (a retried job) has the same key, so
-    a receiver can drop the duplicate.
+    ``"<run_id>:<source>:<status>:<steps_used>"``: the same report sent twice (a retried job)
+    has the same key, so a receiver can drop the duplicate, while the reports of a run that
+    pauses and is resumed more than once stay distinct.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -179,8 +180,9 @@ class Report(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def key(self) -> str:
-        """``"<run_id>:<source>"``, the receiver's deduplication key."""
-        return f"{self.run_id}:{self.source.value}"
+        """``"<run_id>:<source>:<status>:<steps_used>"``, the receiver's deduplication key."""
+        outcome = self.outcome
+        return f"{self.run_id}:{self.source.value}:{outcome.status}:{outcome.steps_used}"
 
 
 APPROVAL_HEADER: Final = "The agent wants to run these calls and needs approval:"

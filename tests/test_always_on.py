@@ -234,7 +234,7 @@ async def test_a_run_with_delivery_reports_its_answer_at_least_once(env: JobsEnv
         assert report.source is ReportSource.JOB
         assert (report.run_id, report.session_id) == (args.run_id, session)
         assert report.text == "Disk 91% full after 0 rounds"
-        assert report.key == f"{args.run_id}:job"
+        assert report.key == f"{args.run_id}:job:completed:{report.outcome.steps_used}"
         assert report.outcome.status == "completed"
 
         # the same job delivered again (a worker died after the run): reported once
@@ -286,7 +286,8 @@ async def test_a_paused_run_reports_its_calls_and_the_resume_reports_the_answer(
         assert (await agent_resume(ctx, args.run_id))["status"] == "complete"
         _, resumed = inbox(runtime)
         assert resumed.source is ReportSource.RESUME
-        assert resumed.key == f"{args.run_id}:resume"
+        assert resumed.key.startswith(f"{args.run_id}:resume:")
+        assert resumed.key != paused.key
         assert (resumed.run_id, resumed.session_id) == (args.run_id, session)
         assert resumed.text == "sent it after 1 rounds"
         roles = [m.role for m in await session_messages(runtime, session)]
@@ -860,7 +861,7 @@ async def test_a_heartbeat_that_asks_for_an_action_is_denied_reported_and_never_
         report = reports[0]
         assert report["source"] == "heartbeat"
         assert report["session_id"] == session
-        assert report["key"] == f"{report['run_id']}:heartbeat"
+        assert report["key"].startswith(f"{report['run_id']}:heartbeat:")
         assert report["text"].startswith("The disk is full after 1 rounds | ")
         assert READ_ONLY_REASON in report["text"]
         assert not [line for line in env.lines("tool_start") if line.args[2] == "effect"]
@@ -943,7 +944,7 @@ async def test_webhook_reports_arrive_signed_and_failing_receivers_do_not_fail_r
                 session,
             )
             assert body["text"] == "first after 0 rounds"
-            assert first.headers[KEY_HEADER.lower()] == f"{ids[0]}:job" == body["key"]
+            assert first.headers[KEY_HEADER.lower()] == f"{ids[0]}:job:completed:0" == body["key"]
             assert [r.json()["run_id"] for r in server.requests[1:3]] == ids[1:]
 
             # the worker logged the failures and carried on

@@ -220,10 +220,16 @@ def test_reports_carry_the_summary_and_a_dedupe_key() -> None:
     paused = awaiting(ToolCall(id="c", name="send", arguments={"password": "hunter2"}))
     report = report_for(paused, source=ReportSource.RESUME, run_id="run_1", session_id="s")
     assert report is not None
-    assert report.key == "run_1:resume"
+    assert report.key == "run_1:resume:awaiting_approval:1"
     assert report.outcome.status == "awaiting_approval"
     wire = json.loads(report.model_dump_json())
-    assert wire["key"] == "run_1:resume"
+    assert wire["key"] == report.key
+    # the next pause of the same run (a later step) gets its own key
+    later = awaiting(ToolCall(id="d", name="send", arguments={}))
+    later = later.model_copy(update={"state": later.state.model_copy(update={"steps_used": 2})})
+    again = report_for(later, source=ReportSource.RESUME, run_id="run_1")
+    assert again is not None
+    assert again.key != report.key
     assert wire["source"] == "resume"
     assert wire["session_id"] == "s"
     assert "messages" not in json.dumps(wire)  # never the transcript
@@ -448,7 +454,7 @@ async def test_noteworthy_heartbeat_is_delivered_and_stays_read_only() -> None:
     assert report.source is ReportSource.HEARTBEAT
     assert report.session_id == "ops"
     assert "server is down" in report.text
-    assert report.key == "run_tick:heartbeat"
+    assert report.key.startswith("run_tick:heartbeat:completed:")
     view = await runner.store.load("ops")
     assert len(view.messages) == 4  # the tick ran in the session
 
@@ -608,7 +614,7 @@ async def test_deliver_outcome_only_delivers_what_has_something_to_say() -> None
     assert not await deliver_outcome(inbox, budget, source=ReportSource.JOB, run_id="r")
     assert not await deliver_outcome(inbox, done(HEARTBEAT_OK), source="job", run_id="r")  # type: ignore[arg-type]
     assert await deliver_outcome(inbox, done("hi"), source=ReportSource.FOLLOWUP, run_id="r2")
-    assert [r.key for r in inbox.reports] == ["r2:followup"]
+    assert [r.key for r in inbox.reports] == ["r2:followup:completed:0"]
 
 
 async def test_log_delivery_accepts_reports(caplog: pytest.LogCaptureFixture) -> None:
@@ -636,7 +642,7 @@ async def test_webhook_delivery_sends_signed_reports() -> None:
     assert first.method == "POST"
     assert first.path == "/hooks/agent?token=abc"
     assert first.headers["content-type"] == "application/json"
-    assert first.headers[KEY_HEADER.lower()] == "run_1:job"
+    assert first.headers[KEY_HEADER.lower()] == "run_1:job:completed:0"
     assert json.loads(first.body) == json.loads(report.model_dump_json())
     assert Report.model_validate_json(first.body) == report
     # a receiver's check, written out by hand

@@ -75,12 +75,22 @@ _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 def compact_json(value: object) -> str:
     """``value`` as request JSON text: compact separators, non-ASCII characters as they are."""
-    return _ENCODER.encode(value)
+    try:
+        return _ENCODER.encode(value)
+    except (TypeError, ValueError) as error:
+        raise _unsendable(error) from None
 
 
 def dumps(value: object) -> bytes:
     """``value`` as request JSON: :func:`compact_json` in UTF-8."""
-    return _ENCODER.encode(value).encode()
+    try:
+        return _ENCODER.encode(value).encode()
+    except (TypeError, ValueError) as error:  # a non-JSON value, NaN, a lone surrogate
+        raise _unsendable(error) from None
+
+
+def _unsendable(error: Exception) -> AgentError:
+    return AgentError.config(f"the request cannot be sent as JSON: {error}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -601,3 +601,12 @@ async def test_server_scripts_answers_from_the_request_and_flags_unplanned_ones(
     assert caught.value.status == 418
     assert "no action queued for POST /chat" in caught.value.message
     assert len(scripted.requests) == 2
+
+
+def test_a_request_that_is_not_json_is_a_typed_error() -> None:
+    from agent_plugin.providers.http import dumps
+
+    for bad in ({"x": {1, 2}}, {"text": "\ud800 lone surrogate"}):
+        with pytest.raises(AgentError) as caught:
+            dumps(bad)
+        assert caught.value.kind is ErrorKind.CONFIG
