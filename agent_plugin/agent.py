@@ -544,7 +544,7 @@ class _Run:
         if self.journal is not None:
             await self.journal.record(Appended(messages=messages))
         if self.emit is not None:
-            self.emit(Steered(run_id=self.run_id, messages=[m.text_content for m in messages]))
+            self.emit(Steered(run_id=self.run_id, messages=[m.text for m in messages]))
 
     async def tool_done(self, position: int, call: ToolCall, output: ToolOutput) -> None:
         assert self.journal is not None
@@ -639,7 +639,7 @@ class _Run:
             outcome = await self.gate_and_run(last.tool_calls, reply_recorded=True)
         elif last is not None and last.role is Role.ASSISTANT:
             # recovered after the final answer was recorded: the run is complete
-            return Completed(text=last.text_content, steps_used=self.steps_used, usage=self.usage)
+            return Completed(text=last.text, steps_used=self.steps_used, usage=self.usage)
         else:
             outcome = None
         if outcome is not None:

@@ -152,7 +152,8 @@ class ChatMessage(_Model):
     content: list[ContentPart]
 
     @classmethod
-    def text(cls, role: Role | str, text: str) -> ChatMessage:
+    def of_text(cls, role: Role | str, text: str) -> ChatMessage:
+        """A message of one text part."""
         return cls(role=Role(role), content=[TextPart(text=text)])
 
     @classmethod
@@ -172,7 +173,7 @@ class ChatMessage(_Model):
         return cls(role=Role.TOOL, content=[ToolResultPart(tool_result=r) for r in results])
 
     @property
-    def text_content(self) -> str:
+    def text(self) -> str:
         """All text parts joined with ``""``."""
         return text_of(self.content)
 

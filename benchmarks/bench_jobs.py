@@ -94,7 +94,7 @@ def _steps_of(request: ChatRequest) -> tuple[int, int]:
     """(rounds the prompt asks for, tool rounds done so far)."""
     messages = request.messages
     prompt = next(m for m in messages if m.role is Role.USER and not m.tool_calls)
-    match = re.search(r"STEPS=(\d+)", prompt.text_content)
+    match = re.search(r"STEPS=(\d+)", prompt.text)
     wanted = int(match.group(1)) if match else 1
     return wanted, sum(1 for m in messages if m.role is Role.TOOL)
 

@@ -189,7 +189,7 @@ def demo_reply(request: ChatRequest) -> Reply:
     """
     messages = [m for m in request.messages if m.role is not Role.SYSTEM]
     start = max((i for i, m in enumerate(messages) if m.role is Role.USER), default=0)
-    prompt = messages[start].text_content if messages else ""
+    prompt = messages[start].text if messages else ""
     calls: dict[str, ToolCall] = {}
     results: dict[str, dict[str, JsonValue]] = {}
     for message in messages[start + 1 :]:
@@ -217,9 +217,7 @@ def demo_reply(request: ChatRequest) -> Reply:
 
 
 def _user_turns(messages: list[ChatMessage]) -> int:
-    return sum(
-        1 for m in messages if m.role is Role.USER and not m.tool_calls and m.text_content.strip()
-    )
+    return sum(1 for m in messages if m.role is Role.USER and not m.tool_calls and m.text.strip())
 
 
 def _answer(results: dict[str, dict[str, JsonValue]], turns: int) -> str:

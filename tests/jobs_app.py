@@ -133,9 +133,9 @@ async def plan_reply(request: ChatRequest) -> Reply:
     users = [i for i, m in enumerate(messages) if m.role is Role.USER and not m.tool_calls]
     start = users[-1] if users else 0
     try:
-        plan = Plan.model_validate_json(messages[start].text_content)
+        plan = Plan.model_validate_json(messages[start].text)
     except ValueError:
-        return f"echo: {messages[start].text_content if messages else ''}"
+        return f"echo: {messages[start].text if messages else ''}"
     done = sum(1 for m in messages[start + 1 :] if m.role is Role.TOOL)
     log("model_start", plan.tag, done)
     if plan.fail.times and plan.fail.round == done:

@@ -56,7 +56,7 @@ def new_session_id(prefix: str = "s") -> str:
 def numbered(count: int, label: str = "m") -> list[ChatMessage]:
     """``count`` messages alternating user / assistant, with texts ``<label>1``, ``<label>2``..."""
     return [
-        ChatMessage.text(Role.USER if i % 2 else Role.ASSISTANT, f"{label}{i}")
+        ChatMessage.of_text(Role.USER if i % 2 else Role.ASSISTANT, f"{label}{i}")
         for i in range(1, count + 1)
     ]
 
@@ -126,7 +126,7 @@ def report(summarized: int = 2) -> CompactionReport:
 
 
 def texts(view: SessionView) -> list[str]:
-    return [m.text_content for m in view.messages]
+    return [m.text for m in view.messages]
 
 
 async def expect_conflict(store: SessionStore, session_id: str, version: int) -> None:

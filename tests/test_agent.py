@@ -118,7 +118,7 @@ async def test_token_overshoot_on_final_answer_exhausts() -> None:
     assert isinstance(turn.outcome, BudgetExhausted)
     assert turn.outcome.reason == "tokens"
     assert turn.outcome.usage.total() == 1100
-    assert turn.messages[-1].text_content == "long"  # recorded, but reported as exhaustion
+    assert turn.messages[-1].text == "long"  # recorded, but reported as exhaustion
 
 
 async def test_overshooting_tool_calls_are_not_recorded() -> None:
@@ -215,7 +215,7 @@ async def test_run_turn_continues_a_transcript() -> None:
         Role.USER,
     ]
     assert all(m.role is not Role.SYSTEM for m in second.messages)
-    assert [m.text_content for m in second.messages] == [
+    assert [m.text for m in second.messages] == [
         "one",
         "first answer",
         "two",
@@ -593,7 +593,7 @@ async def test_loop_never_exceeds_step_budget(
 def system_text(request: ChatRequest) -> str:
     first = request.messages[0]
     assert first.role is Role.SYSTEM
-    return first.text_content
+    return first.text
 
 
 async def test_memory_is_a_frozen_snapshot_plus_a_tool() -> None:
@@ -617,10 +617,7 @@ async def test_memory_is_a_frozen_snapshot_plus_a_tool() -> None:
     await agent.run("Who am I?")
     assert "- name is Mark" in system_text(model.requests[2])
     other_scope = Agent(ScriptedModel(), memory=store, memory_scope="u2")
-    assert (
-        "name is Mark"
-        not in (await other_scope.system_message() or ChatMessage.user("")).text_content
-    )
+    assert "name is Mark" not in (await other_scope.system_message() or ChatMessage.user("")).text
 
 
 async def test_skills_are_listed_and_loadable() -> None:

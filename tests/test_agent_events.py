@@ -411,7 +411,7 @@ async def test_a_steering_message_joins_before_the_next_model_request() -> None:
     events, turn = await collect(agent, "Weather in Oslo?", steering=steering)
     second = model.requests[1].messages
     assert [m.role for m in second] == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.USER]
-    assert second[-1].text_content == "also check Bergen"
+    assert second[-1].text == "also check Bergen"
     steered = [e for e in events if e.type == "steered"]
     assert [e.messages for e in steered] == [["also check Bergen"]]  # type: ignore[union-attr]
     assert isinstance(turn.outcome, Completed)
@@ -428,7 +428,7 @@ async def test_steering_that_arrives_during_the_answer_wins() -> None:
     turn = await Agent(model).run_turn([], "Weather?", steering=steering)
     assert isinstance(turn.outcome, Completed)
     assert turn.outcome.text == "It is 21 °C."
-    assert [m.text_content for m in turn.messages] == [
+    assert [m.text for m in turn.messages] == [
         "Weather?",
         "It is 70 °F.",
         "wait, in Celsius please",
@@ -461,5 +461,5 @@ async def test_a_session_run_takes_steering_and_saves_it() -> None:
     model = ScriptedModel([tool_call("look", {}), "Sunny today and tomorrow."])
     agent = Agent(model, tools=[FnTool("look", "looks", {"type": "object"}, lookup)])
     await agent.run_in_session(store, "s1", "Weather?", steering=steering)
-    saved = [m.text_content for m in (await store.load("s1")).messages if m.role is Role.USER]
+    saved = [m.text for m in (await store.load("s1")).messages if m.role is Role.USER]
     assert saved == ["Weather?", "and tomorrow?"]

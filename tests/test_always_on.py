@@ -639,7 +639,7 @@ async def test_a_followup_is_booked_as_a_deferred_tracked_run_one_link_deeper(
         assert report.session_id == session
         assert report.text == "checked the deploy again after 0 rounds"
         users = [m for m in await session_messages(runtime, session) if m.role is Role.USER]
-        assert [m.text_content for m in users] == [prompt, later]
+        assert [m.text for m in users] == [prompt, later]
 
 
 async def test_the_eleventh_link_of_a_chain_is_refused(env: JobsEnv) -> None:

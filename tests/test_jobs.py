@@ -422,7 +422,7 @@ async def test_two_runs_for_one_session_never_interleave(
     assert len(messages) == 12  # two turns of user, 3 x assistant, 2 x tool
     users = [i for i, m in enumerate(messages) if m.role is Role.USER]
     assert users == [0, 6]
-    first_tag = json.loads(messages[0].text_content)["tag"]
+    first_tag = json.loads(messages[0].text)["tag"]
     assert first_tag == (tag_a if a1 < b0 else tag_b)
     assert not await redis_client.exists(f"{env.prefix}session-lock:{session}")  # released
 

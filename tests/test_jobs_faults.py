@@ -340,7 +340,7 @@ async def test_sigkilled_workers_lose_no_run_and_repeat_only_the_calls_in_flight
         messages = [e.message for e in entries if isinstance(e, MessageEntry)]
         users = [m for m in messages if m.role.value == "user"]
         expected = [p.tag for p in feeder.planned.values() if p.session == session]
-        assert sorted(json.loads(m.text_content)["tag"] for m in users) == sorted(expected)
+        assert sorted(json.loads(m.text)["tag"] for m in users) == sorted(expected)
         turns = [i for i, m in enumerate(messages) if m.role.value == "user"]
         assert all(b - a == 8 for a, b in pairwise([*turns, len(messages)])), session
 

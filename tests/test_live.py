@@ -841,7 +841,7 @@ async def test_a_steering_message_joins_before_the_next_model_call(
     assert steered["messages"] == ["also mention the moon"]
     second = model.requests[1].messages
     assert second[-1].role is Role.USER
-    assert second[-1].text_content == "also mention the moon"
+    assert second[-1].text == "also mention the moon"
     assert second[-2].role is Role.TOOL
     assert await redis.exists(f"{prefix}steer:steer") == 0  # taken, not left behind
 

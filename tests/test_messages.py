@@ -224,13 +224,15 @@ def test_unknown_roles_are_rejected() -> None:
 
 def test_roles_serialize_as_lowercase_strings() -> None:
     assert [r.value for r in Role] == ["system", "user", "assistant", "tool"]
-    assert json.loads(ChatMessage.text("assistant", "x").model_dump_json())["role"] == "assistant"
-    assert ChatMessage.text(Role.TOOL, "x").role is Role.TOOL
+    assert (
+        json.loads(ChatMessage.of_text("assistant", "x").model_dump_json())["role"] == "assistant"
+    )
+    assert ChatMessage.of_text(Role.TOOL, "x").role is Role.TOOL
 
 
 def test_message_helpers() -> None:
     message = _every_part_transcript()[2]
-    assert message.text_content == "Let me check."
+    assert message.text == "Let me check."
     assert [c.id for c in message.tool_calls] == ["call_1", "call_2"]
     assert text_of(message.content) == "Let me check."
     assert tool_calls_of(message.content) == message.tool_calls

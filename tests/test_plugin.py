@@ -414,7 +414,7 @@ async def test_chat_keeps_the_session(tmp_path: Path) -> None:
         other = await client.post("/chat-as/alice/a", json={"prompt": "three"})
         assert other.json()["text"] == "5 messages"
     history = await plugin.session_store.load("a")  # type: ignore[union-attr]
-    assert [m.text_content for m in history.messages][::2] == ["one", "two", "three"]
+    assert [m.text for m in history.messages][::2] == ["one", "two", "three"]
 
 
 async def test_memory_scopes_and_skills_reach_the_agent(tmp_path: Path) -> None:
@@ -441,10 +441,10 @@ async def test_memory_scopes_and_skills_reach_the_agent(tmp_path: Path) -> None:
         (user,) = [b for b in await store.load("mark") if b.label == "user"]
         assert user.entries == ["name is Mark"]
         assert all(not b.entries for b in await store.load("agent"))
-    system = model.requests[-1].messages[0].text_content
+    system = model.requests[-1].messages[0].text
     assert "name is Mark" in system
     assert "digest" in system
-    assert "name is Mark" not in model.requests[0].messages[0].text_content  # frozen snapshot
+    assert "name is Mark" not in model.requests[0].messages[0].text  # frozen snapshot
 
 
 async def test_resume_approves_and_saves_to_the_session(tmp_path: Path) -> None:
@@ -561,7 +561,7 @@ async def test_stream_disconnect_cancels_or_continues(tmp_path: Path) -> None:
             if (await store.load("keep")).messages:
                 break
             await asyncio.sleep(0.01)
-        assert [m.text_content for m in (await store.load("keep")).messages] == ["hi", "finished"]
+        assert [m.text for m in (await store.load("keep")).messages] == ["hi", "finished"]
         assert (await store.load("cancel")).messages == []
 
 

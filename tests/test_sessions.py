@@ -152,7 +152,7 @@ async def test_sessions_persist_turns_but_not_pauses() -> None:
         Role.TOOL,
         Role.ASSISTANT,
     ]
-    assert [messages[i].text_content for i in (0, 1, 2, 5)] == ["hello", "Hi!", "act now", "Done."]
+    assert [messages[i].text for i in (0, 1, 2, 5)] == ["hello", "Hi!", "act now", "Done."]
     assert messages[3].tool_calls[0].name == "act"
     # transcripts exclude the system prompt, though every request carried it
     assert all(r.messages[0].role is Role.SYSTEM for r in model.requests)
@@ -172,8 +172,8 @@ async def test_run_turn_continues_the_stored_transcript() -> None:
         Role.USER,
     ]
     assert turn.history_length == 2
-    assert [m.text_content for m in turn.new_messages] == ["second", "two"]
-    assert [m.text_content for m in await stored(store, "s")] == ["first", "one", "second", "two"]
+    assert [m.text for m in turn.new_messages] == ["second", "two"]
+    assert [m.text for m in await stored(store, "s")] == ["first", "one", "second", "two"]
     round_tripped = SessionTurn.model_validate_json(turn.model_dump_json())
     assert round_tripped == turn
 
@@ -239,7 +239,7 @@ async def test_a_hook_pause_saves_nothing_and_its_resume_saves() -> None:
     assert await store.load("s") == SessionView()
     done = await resume_in_session(agent, store, turn.outcome.state)
     assert completed(done.outcome).text == "Hi!"
-    assert [m.text_content for m in await stored(store, "s")] == ["hello", "Hi!"]
+    assert [m.text for m in await stored(store, "s")] == ["hello", "Hi!"]
 
 
 async def test_cancelled_runs_are_saved() -> None:
@@ -250,7 +250,7 @@ async def test_cancelled_runs_are_saved() -> None:
     turn = await run_in_session(Agent(model), store, "s", "hello", cancel=token)
     assert isinstance(turn.outcome, Cancelled)
     assert model.requests == []
-    assert [m.text_content for m in await stored(store, "s")] == ["hello"]
+    assert [m.text for m in await stored(store, "s")] == ["hello"]
 
 
 async def test_streamed_session_turns_emit_events_and_save() -> None:
@@ -307,7 +307,7 @@ async def test_a_writer_during_the_turn_is_a_conflict() -> None:
     with pytest.raises(AgentError) as caught:
         await run_in_session(agent, store, "s", "go")
     assert caught.value.kind is ErrorKind.CONFLICT
-    assert [m.text_content for m in await stored(store, "s")] == ["m1", "m2", "from elsewhere"]
+    assert [m.text for m in await stored(store, "s")] == ["m1", "m2", "from elsewhere"]
 
 
 async def test_a_message_sent_during_a_pause_wins_over_the_resume() -> None:
@@ -321,7 +321,7 @@ async def test_a_message_sent_during_a_pause_wins_over_the_resume() -> None:
     # a new message continues from the last saved transcript (empty), not the paused turn
     other = await run_in_session(agent, store, "s", "something else")
     assert completed(other.outcome).text == "meanwhile"
-    assert [m.text_content for m in await stored(store, "s")] == ["something else", "meanwhile"]
+    assert [m.text for m in await stored(store, "s")] == ["something else", "meanwhile"]
 
     with pytest.raises(AgentError) as caught:
         await resume_in_session(agent, store, paused.outcome.state, [ApprovalDecision.approve("a")])
@@ -383,8 +383,8 @@ async def test_compaction_folds_the_head_into_one_summary() -> None:
     assert request.max_tokens == 64
     assert list(request.tools) == []
     assert [m.role for m in request.messages] == [Role.SYSTEM, Role.USER]
-    assert request.messages[0].text_content == SUMMARY_INSTRUCTIONS
-    assert request.messages[1].text_content == render_transcript(transcript[:4])
+    assert request.messages[0].text == SUMMARY_INSTRUCTIONS
+    assert request.messages[1].text == render_transcript(transcript[:4])
 
     assert result.report == CompactionReport(
         summarized_messages=4,
@@ -508,7 +508,7 @@ async def test_long_sessions_compact_before_the_run() -> None:
     summary_call, run_call = model.requests
     assert list(summary_call.tools) == []
     assert summary_call.max_tokens == 64
-    assert summary_call.messages[1].text_content == render_transcript(history[:18])
+    assert summary_call.messages[1].text == render_transcript(history[:18])
     summary = ChatMessage.user(SUMMARY_PREFIX + "The user asked ten questions.")
     assert run_call.messages == [
         ChatMessage.system("sys"),
@@ -610,11 +610,11 @@ async def test_manual_compaction_on_demand() -> None:
     report = await compact_session(model, store, "s", Compaction(keep_recent_tokens=30))
     assert report is not None
     assert report.summarized_messages == 3  # old summary, q2, a2
-    assert "Summary one." in model.requests[1].messages[1].text_content
+    assert "Summary one." in model.requests[1].messages[1].text
     view = await store.load("s")
-    assert [m.text_content for m in view.messages] == [
+    assert [m.text for m in view.messages] == [
         SUMMARY_PREFIX + "Summary two.",
-        *(m.text_content for m in long_transcript(1, tokens=10)),
+        *(m.text for m in long_transcript(1, tokens=10)),
     ]
     assert view.seqs == [10, 8, 9]
     assert view == SessionView.from_entries(await store.entries("s"))

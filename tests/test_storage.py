@@ -316,7 +316,7 @@ async def test_data_survives_a_restart(make_database: Callable[[], Database]) ->
     second = make_database()  # a new engine: nothing cached survives but the database
     try:
         view = await SqlSessionStore(second).load(session)
-        assert [m.text_content for m in view.messages] == [
+        assert [m.text for m in view.messages] == [
             SUMMARY_PREFIX + "m1 said hi",
             "m2",
             "m3",
@@ -363,7 +363,7 @@ async def test_a_malformed_row_is_a_typed_error_and_loses_nothing(database: Data
     assert [e.seq for e in before] == [1, 2]
     after = await store.entries(session, after=3)
     assert [e.seq for e in after] == [4, 5]
-    assert [m.text_content for m in (await store.load(neighbour)).messages] == ["m1", "m2"]
+    assert [m.text for m in (await store.load(neighbour)).messages] == ["m1", "m2"]
     async with database.read() as conn:
         count = await conn.scalar(
             sa.select(sa.func.count()).where(SessionEntryRow.session_id == session)
@@ -372,7 +372,7 @@ async def test_a_malformed_row_is_a_typed_error_and_loses_nothing(database: Data
     # a compaction that folds the bad row away makes the session loadable again
     await store.append_compaction(session, "earlier", 4, report(), expected_version=5)
     view = await store.load(session)
-    assert [m.text_content for m in view.messages][1:] == ["m4", "m5"]
+    assert [m.text for m in view.messages][1:] == ["m4", "m5"]
 
 
 async def test_a_row_that_is_not_json_is_a_typed_error(tmp_path: Path) -> None:

@@ -473,7 +473,7 @@ def request_from_recorded(body: dict[str, Any]) -> ChatRequest:
                 )
             messages.append(ChatMessage(role=Role.ASSISTANT, content=parts))
         else:
-            messages.append(ChatMessage.text(role, message["content"]))
+            messages.append(ChatMessage.of_text(role, message["content"]))
     tools = body.get("tools")
     definitions = [
         ToolDefinition(
