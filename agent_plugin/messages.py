@@ -37,7 +37,8 @@ __all__ = [
     "tool_calls_of",
 ]
 
-_TOKEN_MAX: Final = 2**32 - 1
+TOKEN_MAX: Final = 2**32 - 1
+"""Token counts saturate here, like the seed's u32 counters."""
 
 
 class _Model(BaseModel):
@@ -218,14 +219,14 @@ class TokenUsage(_Model):
     cache_write_tokens: int = 0
 
     def total(self) -> int:
-        return min(self.input_tokens + self.output_tokens, _TOKEN_MAX)
+        return min(self.input_tokens + self.output_tokens, TOKEN_MAX)
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
         return TokenUsage(
-            input_tokens=min(self.input_tokens + other.input_tokens, _TOKEN_MAX),
-            output_tokens=min(self.output_tokens + other.output_tokens, _TOKEN_MAX),
-            cache_read_tokens=min(self.cache_read_tokens + other.cache_read_tokens, _TOKEN_MAX),
-            cache_write_tokens=min(self.cache_write_tokens + other.cache_write_tokens, _TOKEN_MAX),
+            input_tokens=min(self.input_tokens + other.input_tokens, TOKEN_MAX),
+            output_tokens=min(self.output_tokens + other.output_tokens, TOKEN_MAX),
+            cache_read_tokens=min(self.cache_read_tokens + other.cache_read_tokens, TOKEN_MAX),
+            cache_write_tokens=min(self.cache_write_tokens + other.cache_write_tokens, TOKEN_MAX),
         )
 
 

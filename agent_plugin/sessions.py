@@ -665,17 +665,7 @@ async def run_in_session(
         session_version=view.version,
         journal=journal,
     )
-    version = view.version
-    if not _paused(turn.outcome):
-        version = await store.append(session_id, turn.new_messages, expected_version=version)
-    return SessionTurn(
-        outcome=turn.outcome,
-        messages=turn.messages,
-        history_length=turn.history_length,
-        session_id=session_id,
-        session_version=version,
-        compaction=report,
-    )
+    return await _saved(store, session_id, turn, view.version, compaction=report)
 
 
 async def resume_in_session(
@@ -719,15 +709,27 @@ async def resume_in_session(
         stream=stream,
         journal=journal,
     )
-    version = expected
+    return await _saved(store, session_id, turn, expected)
+
+
+async def _saved(
+    store: SessionStore,
+    session_id: str,
+    turn: AgentTurn,
+    version: int,
+    *,
+    compaction: CompactionReport | None = None,
+) -> SessionTurn:
+    """Append the turn's new messages unless the run paused, and report where it ended."""
     if not _paused(turn.outcome):
-        version = await store.append(session_id, turn.new_messages, expected_version=expected)
+        version = await store.append(session_id, turn.new_messages, expected_version=version)
     return SessionTurn(
         outcome=turn.outcome,
         messages=turn.messages,
         history_length=turn.history_length,
         session_id=session_id,
         session_version=version,
+        compaction=compaction,
     )
 
 

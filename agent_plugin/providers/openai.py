@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
 from agent_plugin.messages import (
+    TOKEN_MAX,
     ChatMessage,
     ContentPart,
     Image,
@@ -79,7 +80,6 @@ PROVIDER: Final = "openai-compatible"
 CHAT_PATH: Final = "/chat/completions"
 MODELS_PATH: Final = "/models"
 
-_TOKEN_MAX: Final = 2**32 - 1
 _TOOL_CHOICE_KEYWORDS: Final = frozenset({"auto", "none", "required"})
 _REASONING_KEYS: Final = ("reasoning_content", "reasoning")
 
@@ -562,7 +562,7 @@ def _count(value: object) -> int | None:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, int):
-        return min(max(value, 0), _TOKEN_MAX)
+        return min(max(value, 0), TOKEN_MAX)
     return None
 
 
