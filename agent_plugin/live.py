@@ -40,7 +40,7 @@ from starlette.responses import StreamingResponse
 from agent_plugin.cancellation import CancelToken
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, RunEnded, TextDeltaEvent, ThinkingDeltaEvent
-from agent_plugin.redaction import REDACTED, redact, redact_text
+from agent_plugin.redaction import ASSIGNED_SECRET, redact_deep, redact_text
 from agent_plugin.steering import Steering
 
 __all__ = [
@@ -80,38 +80,6 @@ def stream_key(run_id: str, prefix: str = DEFAULT_PREFIX) -> str:
 
 # --- redaction of what is published ---------------------------------------------------------
 
-_ASSIGNED_SECRET: Final = re.compile(
-    r"(?i)(\b[\w.-]*(?:password|passwd|secret|token|api[_-]?key|private[_-]?key)"
-    r"[\"']?\s*[:=]\s*[\"']?)"
-    r"(?!\[REDACTED\])([^\s\"',;&}\]]+)"
-)
-"""``password: hunter2``, ``api_key="..."``, ``?token=...``: the name stays, the value goes."""
-
-
-def _redact_string(text: str) -> str:
-    stripped = text.strip()
-    if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
-        try:
-            parsed: JsonValue = json.loads(stripped)
-        except ValueError:
-            pass
-        else:
-            cleaned = _redact_value(redact(parsed))
-            if cleaned == parsed:
-                return text
-            return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
-    return _ASSIGNED_SECRET.sub(lambda m: m.group(1) + REDACTED, redact_text(text))
-
-
-def _redact_value(value: JsonValue) -> JsonValue:
-    if isinstance(value, str):
-        return _redact_string(value)
-    if isinstance(value, dict):
-        return {key: _redact_value(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_redact_value(item) for item in value]
-    return value
-
 
 def public_payload(event: AgentEvent) -> dict[str, JsonValue]:
     """The JSON of ``event`` as it may leave the process [OP-35].
@@ -121,8 +89,7 @@ def public_payload(event: AgentEvent) -> dict[str, JsonValue]:
     field name as well; ``name: value`` assignments of secret names lose their value. A
     ``run_end`` carries its summary, never the in-process outcome.
     """
-    data = redact(event.model_dump(mode="json"))
-    cleaned = _redact_value(data)
+    cleaned = redact_deep(event.model_dump(mode="json"))
     assert isinstance(cleaned, dict)
     return cleaned
 
@@ -174,7 +141,7 @@ def _safe_cut(text: str) -> int:
     moved = True
     while moved:  # moving back out of one match may land inside another
         moved = False
-        for pattern in (_ASSIGNED_SECRET, _INTRODUCED_SECRET, _WORD):
+        for pattern in (ASSIGNED_SECRET, _INTRODUCED_SECRET, _WORD):
             for m in pattern.finditer(text):
                 if m.start() < cut < m.end():
                     cut, moved = m.start(), True

@@ -1,22 +1,37 @@
-"""Secret redaction for everything that leaves the process as an event, an error or a log [OP-35].
+"""Secret redaction for everything that leaves the process: events, errors, logs and what is
+stored [OP-35].
 
-Two tools, one marker (:data:`REDACTED`):
+Three tools, one marker (:data:`REDACTED`):
 
-- :func:`redact` cleans tool arguments for events: values of secret-named fields and strings that
-  look like credentials become ``"[REDACTED]"``. Provider-facing content (tool results, assistant
-  text) is never altered.
+- :func:`redact` cleans tool arguments for in-process events: values of secret-named fields and
+  strings that look like credentials become ``"[REDACTED]"``.
+- :func:`redact_deep` is the stricter cleaning of everything that is published or stored (event
+  streams, the database): on top of :func:`redact` it looks into JSON held in strings (a tool
+  result) and drops the values of ``password: ...`` / ``api_key=...`` assignments in text.
 - :func:`scrub` removes one known secret (the provider API key) from a text, such as an error
   message built from what a server echoed back.
+
+What the provider sees is never altered: redaction applies to copies that leave the run.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from typing import Final
 
 from pydantic import JsonValue
 
-__all__ = ["REDACTED", "looks_secret", "redact", "redact_text", "scrub"]
+__all__ = [
+    "ASSIGNED_SECRET",
+    "REDACTED",
+    "looks_secret",
+    "redact",
+    "redact_deep",
+    "redact_text",
+    "scrub",
+]
 
 REDACTED: Final = "[REDACTED]"
 
@@ -32,6 +47,13 @@ _SECRET_PATTERN: Final = re.compile(
     r"|\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"  # JWTs
     r"|\b(?:Bearer|Basic)\s+[A-Za-z0-9._~+/\-]{16,}=*"  # authorization values
 )
+
+ASSIGNED_SECRET: Final = re.compile(
+    r"(?i)(\b[\w.-]*(?:password|passwd|secret|token|api[_-]?key|private[_-]?key)"
+    r"[\"']?\s*[:=]\s*[\"']?)"
+    r"(?!\[REDACTED\])([^\s\"',;&}\]]+)"
+)
+"""``password: hunter2``, ``api_key="..."``, ``?token=...``: the name stays, the value goes."""
 
 
 def _is_secret_key(key: str) -> bool:
@@ -51,16 +73,50 @@ def redact_text(text: str) -> str:
 
 def redact(value: JsonValue) -> JsonValue:
     """A copy of a JSON value with secret-named fields and credential strings redacted."""
+    return _redacted(value, redact_text)
+
+
+def redact_deep(value: JsonValue) -> JsonValue:
+    """A copy of a JSON value cleaned of secrets everywhere, for what is published or stored.
+
+    Secret-named fields and credential-looking strings become ``[REDACTED]`` as in
+    :func:`redact`; a string holding a JSON object, array or string (a tool's result, encoded)
+    is redacted as JSON, and stays byte-for-byte the same when nothing in it is secret;
+    ``name: value`` assignments of secret names in text lose their value.
+    """
+    return _redacted(value, _redact_string)
+
+
+def _redacted(value: JsonValue, clean: Callable[[str], str]) -> JsonValue:
+    """``value`` with secret-named fields redacted and every other string ``clean``-ed."""
     if isinstance(value, str):
-        return redact_text(value)
+        return clean(value)
     if isinstance(value, dict):
         return {
-            key: REDACTED if _is_secret_key(key) and item is not None else redact(item)
+            key: REDACTED if _is_secret_key(key) and item is not None else _redacted(item, clean)
             for key, item in value.items()
         }
     if isinstance(value, list):
-        return [redact(item) for item in value]
+        return [_redacted(item, clean) for item in value]
     return value
+
+
+_JSON_OPENERS: Final = {"{": "}", "[": "]", '"': '"'}
+
+
+def _redact_string(text: str) -> str:
+    stripped = text.strip()
+    if stripped[:1] in _JSON_OPENERS and stripped[-1:] == _JSON_OPENERS[stripped[0]]:
+        try:
+            parsed: JsonValue = json.loads(stripped)
+        except ValueError:
+            pass
+        else:
+            cleaned = redact_deep(parsed)
+            if cleaned == parsed:
+                return text
+            return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
+    return ASSIGNED_SECRET.sub(lambda m: m.group(1) + REDACTED, redact_text(text))
 
 
 def scrub(text: str, secret: str | None) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -75,7 +76,8 @@ class Plan(BaseModel):
     rounds: list[list[tuple[str, str] | tuple[str, str, dict[str, Any]]]] = Field(
         default_factory=list
     )
-    """Per round, the calls to make: ``(tool, key)`` (tools ``effect`` and ``send``), or
+    """Per round, the calls to make: ``(tool, key)`` (tools ``effect``, ``send`` and ``login``,
+    which logs in as ``key`` with ``JOBS_TEST_LOGIN_PASSWORD`` and ``JOBS_TEST_LOGIN_KEY``), or
     ``(tool, key, arguments)`` for any other tool (``schedule_followup``)."""
     answer: str = "done"
     echo: bool = False
@@ -156,11 +158,7 @@ async def plan_reply(request: ChatRequest) -> Reply:
     if done < len(plan.rounds):
         turn = len(users)
         return [
-            tool_call(
-                call[0],
-                call[2] if len(call) == 3 else {"key": call[1], "delay": plan.tool_delay},
-                id=f"u{turn}r{done}c{i}",
-            )
+            tool_call(call[0], _arguments(call, plan), id=f"u{turn}r{done}c{i}")
             for i, call in enumerate(plan.rounds[done])
         ]
     answer = f"{plan.answer} after {done} rounds"
@@ -174,6 +172,20 @@ async def plan_reply(request: ChatRequest) -> Reply:
         ]
         answer = " | ".join([answer, *results[-len(plan.rounds[-1]) :]]) if results else answer
     return answer
+
+
+def _arguments(
+    call: tuple[str, str] | tuple[str, str, dict[str, Any]], plan: Plan
+) -> dict[str, Any]:
+    if len(call) == 3:
+        return call[2]
+    if call[0] == "login":  # the model writes the secrets of the worker's environment
+        return {
+            "user": call[1],
+            "password": os.environ.get("JOBS_TEST_LOGIN_PASSWORD", ""),
+            "note": f"key {os.environ.get('JOBS_TEST_LOGIN_KEY', '')}",
+        }
+    return {"key": call[1], "delay": plan.tool_delay}
 
 
 async def _execute(name: str, key: str, delay: float, ctx: ToolContext) -> dict[str, Any]:
@@ -194,6 +206,13 @@ async def effect(key: str, delay: float, ctx: ToolContext) -> dict[str, Any]:
 async def send(key: str, delay: float, ctx: ToolContext) -> dict[str, Any]:
     """Send something; needs approval."""
     return await _execute("send", key, delay, ctx)
+
+
+@tool
+async def login(user: str, password: str, note: str, ctx: ToolContext) -> str:
+    """Log in; the result repeats the secrets (a careless tool, for the redaction tests)."""
+    log("tool_start", ctx.run_id, ctx.call_id, "login", user)
+    return f"logged in as {user}; password: {password}; {note}; api_key={password}"
 
 
 def options_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> JobOptions:
@@ -298,7 +317,7 @@ def make_plugin(
         minutes = env.get("JOBS_TEST_FOLLOWUPS")
         followups = timedelta(minutes=float(minutes)) if minutes else None
     return AgentPlugin(
-        tools=[effect, send],
+        tools=[effect, send, login],
         policy=policy if policy is not None else ToolRules().for_tool("send", ASK),
         model=ScriptedModel(default=plan_reply),
         jobs=options_from_env(environ, **options),
@@ -318,6 +337,8 @@ def make_app(plugin: AgentPlugin, **install: Any) -> FastAPI:
 def worker_settings() -> type[Any]:
     """The worker's settings, from the environment; its startup logs ``worker_ready <pid>``,
     and each run of the heartbeat's cron job ``heartbeat_job <job id> <scheduled ms>``."""
+    if os.environ.get("JOBS_TEST_DEBUG_LOGS"):  # every logger of the worker, at DEBUG
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s %(levelname)s %(message)s")
     settings = make_plugin().worker_settings()
     startup = settings.on_startup
 
@@ -487,6 +508,19 @@ class WorkerProcess:
             self.process.wait(15)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+@contextlib.contextmanager
+def worker_serving(env: JobsEnv) -> Iterator[JobsEnv]:
+    """``env`` with one worker process serving it; afterwards the worker stops and the
+    environment's Redis keys go."""
+    worker = WorkerProcess(env)
+    worker.start()
+    try:
+        yield env
+    finally:
+        worker.stop()
+        clean_redis(env)
 
 
 def clean_redis(env: JobsEnv) -> None:

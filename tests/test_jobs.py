@@ -41,11 +41,10 @@ from agent_plugin.sessions import InMemorySessionStore, MessageEntry
 from tests.jobs_app import (
     JobsEnv,
     Line,
-    WorkerProcess,
-    clean_redis,
     jobs_env,
     make_app,
     make_plugin,
+    worker_serving,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -57,14 +56,8 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobsEnv]:
     """The module's database, queue and log, and one worker process serving them."""
-    environment = jobs_env(tmp_path_factory.mktemp("jobs"))
-    worker = WorkerProcess(environment)
-    worker.start()
-    try:
+    with worker_serving(jobs_env(tmp_path_factory.mktemp("jobs"))) as environment:
         yield environment
-    finally:
-        worker.stop()
-        clean_redis(environment)
 
 
 @dataclass

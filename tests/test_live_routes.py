@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from agent_plugin.plugin import AgentRuntimeHandle
-from tests.jobs_app import JobsEnv, WorkerProcess, clean_redis, jobs_env, make_app, make_plugin
+from tests.jobs_app import JobsEnv, jobs_env, make_app, make_plugin, worker_serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,14 +28,8 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobsEnv]:
     """The module's database, queue and log, and one worker process serving them."""
-    environment = jobs_env(tmp_path_factory.mktemp("live"))
-    worker = WorkerProcess(environment)
-    worker.start()
-    try:
+    with worker_serving(jobs_env(tmp_path_factory.mktemp("live"))) as environment:
         yield environment
-    finally:
-        worker.stop()
-        clean_redis(environment)
 
 
 @asynccontextmanager

@@ -6,6 +6,7 @@ depth; short look-alikes and ordinary values stay as they are.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import JsonValue
 
-from agent_plugin.redaction import REDACTED, looks_secret, redact, redact_text, scrub
+from agent_plugin.redaction import (
+    REDACTED,
+    looks_secret,
+    redact,
+    redact_deep,
+    redact_text,
+    scrub,
+)
 
 ANTHROPIC_KEY = "sk-ant-api03-" + "Ab3_xY-9" * 6
 OPENAI_KEY = "sk-proj-" + "k2Jd93LmQ0" * 4
@@ -233,6 +241,42 @@ def test_values_without_secrets_are_unchanged(value: JsonValue) -> None:
 def test_a_planted_secret_never_survives(value: JsonValue, secret: str) -> None:
     planted: JsonValue = {"payload": value, "deep": [{"note": f"see {secret}"}], "Token": secret}
     assert secret not in repr(redact(planted))
+
+
+# --- redact_deep: what is published or stored -----------------------------------------------
+
+
+@given(_json)
+@settings(max_examples=50)
+def test_deep_redaction_leaves_values_without_secrets_alone(value: JsonValue) -> None:
+    assert redact_deep(value) == value
+    encoded = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    assert redact_deep(encoded) == encoded  # byte for byte: JSON is re-encoded only if changed
+
+
+@given(_json, st.sampled_from([OPENAI_KEY, ANTHROPIC_KEY, JWT, GITHUB_TOKENS[0]]))
+@settings(max_examples=50)
+def test_a_secret_in_json_held_in_a_string_never_survives(value: JsonValue, secret: str) -> None:
+    planted: JsonValue = {"payload": value, "password": "hunter2-x", "note": f"see {secret}"}
+    for held in (json.dumps(planted), json.dumps(json.dumps(planted))):  # a tool's encoded str
+        cleaned = redact_deep({"content": held})
+        assert secret not in repr(cleaned)
+        assert "hunter2-x" not in repr(cleaned)
+
+
+def test_deep_redaction_of_json_in_strings_and_assignments_in_text() -> None:
+    result = json.dumps(json.dumps({"ok": True, "token": "abc-123", "n": 2}))
+    assert json.loads(json.loads(str(redact_deep(result)))) == {
+        "ok": True,
+        "token": REDACTED,
+        "n": 2,
+    }
+    assert redact_deep("logged in, password: hunter2; api_key=xyz&b=1") == (
+        f"logged in, password: {REDACTED}; api_key={REDACTED}&b=1"
+    )
+    assert redact_deep('"quoted" and "more"') == '"quoted" and "more"'  # not JSON: text
+    usage = {"input_tokens": 3, "output_tokens": 4, "max_tokens": 9}
+    assert redact_deep(usage) == usage  # counts of tokens are no secret
 
 
 # --- scrub: one known secret ----------------------------------------------------------------

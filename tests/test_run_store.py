@@ -12,6 +12,7 @@ from it without running a finished call again.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -36,6 +37,7 @@ from agent_plugin.journal import (
     journal_entry_adapter,
     recover,
 )
+from agent_plugin.memory import AddOp
 from agent_plugin.messages import ChatMessage, TokenUsage
 from agent_plugin.outcomes import (
     AgentOutcome,
@@ -52,12 +54,21 @@ from agent_plugin.outcomes import (
 )
 from agent_plugin.policy import ASK, ToolRules
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
-from agent_plugin.redaction import REDACTED
-from agent_plugin.storage import Database, RunRecord, RunStatus, SqlRunStore
-from agent_plugin.storage.models import JSON_TYPE, RunCheckpointRow, RunRow, UtcDateTime
+from agent_plugin.redaction import REDACTED, redact_deep
+from agent_plugin.sessions import MessageEntry
+from agent_plugin.storage import (
+    Database,
+    RunRecord,
+    RunStatus,
+    SqlMemoryStore,
+    SqlRunStore,
+    SqlSessionStore,
+)
+from agent_plugin.storage.models import JSON_TYPE, Base, RunCheckpointRow, RunRow, UtcDateTime
 from agent_plugin.storage.runs import status_of
 from agent_plugin.tools import FnTool, ToolEffect
 from tests import test_storage
+from tests.store_conformance import report
 from tests.test_storage import PostgresSchema, sqlite_url
 
 # The storage tests' fixtures, registered here too: this module gets its own migrated SQLite
@@ -345,6 +356,12 @@ async def test_a_cancelled_outcome_and_a_hook_pause(database: Database) -> None:
 # --- approvals ---------------------------------------------------------------------------
 
 
+def as_stored(state: RunState | None) -> RunState:
+    """``state`` as the database keeps it: with its secrets redacted [OP-35]."""
+    assert state is not None
+    return RunState.model_validate(redact_deep(state.model_dump(mode="json")))
+
+
 async def test_a_paused_run_keeps_its_state_on_the_server(database: Database) -> None:
     store = SqlRunStore(database)
     run_id, outcome = await paused_run(store)
@@ -367,9 +384,10 @@ async def test_a_paused_run_keeps_its_state_on_the_server(database: Database) ->
     assert SECRET not in published
     assert TRANSCRIPT_MARKER not in published
     assert "state" not in record.model_dump()
-    # the state is in the row, whole, and nothing is waiting to be resumed yet
+    # the state is in the row, whole but for its secrets, and nothing waits to be resumed yet
     row = await stored(database, run_id)
-    assert RunState.model_validate(row["state"]) == outcome.state
+    assert RunState.model_validate(row["state"]) == as_stored(outcome.state)
+    assert SECRET not in str(row)
     assert await store.pending_resume(run_id) is None
 
 
@@ -381,11 +399,11 @@ async def test_decisions_are_accepted_once_and_the_resume_finishes(database: Dat
         ApprovalDecision.edit("s1", {"to": "edited"}),
     ]
     state = await store.take_paused_state(run_id, decisions)
-    assert state == outcome.state
+    assert state == as_stored(outcome.state)
     record = await store.get(run_id)
     assert record is not None
     assert (record.status, record.awaiting, record.outcome) == (RunStatus.QUEUED, [], None)
-    assert await store.pending_resume(run_id) == (outcome.state, decisions)
+    assert await store.pending_resume(run_id) == (as_stored(outcome.state), decisions)
 
     # a decision is accepted once: the same request again, or a different one, is refused
     for again in (decisions, [ApprovalDecision.reject("s0", "changed my mind")]):
@@ -398,7 +416,8 @@ async def test_decisions_are_accepted_once_and_the_resume_finishes(database: Dat
     assert pending is not None
     sent: list[Any] = []
     turn = await sending_agent(ScriptedModel(["sent both"]), sent).resume(*pending)
-    assert sent == [{"to": "p0", "password": SECRET}, {"to": "edited"}]
+    # the secret the model wrote into the call was never stored, so the resumed call has none
+    assert sent == [{"to": "p0", "password": REDACTED}, {"to": "edited"}]
     done = await store.finish(run_id, turn.outcome)
     assert done.status is RunStatus.COMPLETE
     assert done.outcome is not None
@@ -431,7 +450,7 @@ async def test_bad_decisions_are_conflicts_and_change_nothing(database: Database
     assert await store.pending_resume(run_id) is None
     # still paused: a good decision goes through
     assert await store.take_paused_state(run_id, [ApprovalDecision.approve("s1")]) == (
-        outcome.state
+        as_stored(outcome.state)
     )
 
     running = new_run_id()
@@ -471,7 +490,7 @@ async def test_a_decision_race_has_exactly_one_winner(
             await racer.dispose()
     wins = [r for r in results if isinstance(r, RunState)]
     losses = [r for r in results if isinstance(r, AgentError)]
-    assert wins == [outcome.state]
+    assert wins == [as_stored(outcome.state)]
     assert [e.kind for e in losses] == [ErrorKind.CONFLICT]
     assert "is queued, not awaiting approval" in losses[0].message
     pending = await store.pending_resume(run_id)
@@ -829,7 +848,7 @@ async def test_records_survive_a_new_database(make_database: Callable[[], Databa
         assert await store.journal_entries(run_id) == [
             ToolDone(step=0, position=0, call_id="s0", content="x")
         ]
-        assert await store.take_paused_state(run_id, []) == outcome.state
+        assert await store.take_paused_state(run_id, []) == as_stored(outcome.state)
     finally:
         await second.dispose()
 
@@ -960,3 +979,75 @@ async def test_runs_recorded_before_0002_survive_the_upgrade(at_0001: Database) 
         )
     error = await refused(store.journal_entries("old"), ErrorKind.DECODE)
     assert "checkpoint 2 (model_reply)" in error.message
+
+
+# --- no secret is stored -----------------------------------------------------------------
+
+CANARY_KEY = "sk-ant-" + "Q7f2Lm9XcV4bN8pR3tY6wZ1kA9b3C7"
+CANARY_PASSWORD = "Canary-Pw-7f3e91d2"
+
+
+async def every_row(database: Database) -> str:
+    """Every row of every table of the plugin, as the database's own text of each column."""
+    rows: list[str] = []
+    async with database.read() as conn:
+        for table in Base.metadata.sorted_tables:
+            columns = [sa.cast(column, sa.Text) for column in table.columns]
+            rows += [repr(tuple(row)) for row in await conn.execute(sa.select(*columns))]
+    return "\n".join(rows)
+
+
+async def test_no_secret_reaches_any_table(database: Database) -> None:
+    """A canary key and password in a prompt, tool arguments, tool results, the answer, a
+    memory entry, a compaction summary and an error never reach a row [OP-35]."""
+    session = f"s-{uuid.uuid4().hex}"
+    login_args = {"user": "ann", "password": CANARY_PASSWORD, "note": f"key {CANARY_KEY}"}
+    script: list[Any] = [
+        tool_call("login", login_args, id="l1"),
+        f"Logged in. Your key is {CANARY_KEY}, password: {CANARY_PASSWORD}",
+    ]
+
+    def login(args: Any) -> Any:
+        return json.dumps({"ok": True, "token": "t0k3n-value", "hint": f"use {CANARY_KEY}"})
+
+    agent = Agent(ScriptedModel(script), tools=[FnTool("login", "logs in", {}, login)])
+    store = SqlRunStore(database)
+    run_id = new_run_id()
+    await store.create(run_id, origin="request", args={"prompt": f"password={CANARY_PASSWORD}"})
+    record = await store.start(run_id)
+    turn = await agent.run_in_session(
+        SqlSessionStore(database),
+        session,
+        f"log in as ann with password: {CANARY_PASSWORD}",
+        run_id=run_id,
+        journal=store.journal(run_id, attempt=record.attempt),
+    )
+    assert isinstance(turn.outcome, Completed)
+    assert CANARY_KEY in turn.outcome.text  # the caller of a run in process gets it whole
+    await store.finish(run_id, turn.outcome)
+    sessions = SqlSessionStore(database)
+    await sessions.append_compaction(
+        session, f"the user's password: {CANARY_PASSWORD}", 2, report(), expected_version=4
+    )
+    failed = new_run_id()
+    await store.create(failed, origin="request", args={})
+    await store.fail(failed, ErrorInfo(kind=ErrorKind.PROVIDER, message=f"echoed {CANARY_KEY}"))
+    await SqlMemoryStore(database).apply(
+        f"scope-{uuid.uuid4().hex}", AddOp(block="user", text=f"api_key={CANARY_KEY}")
+    )
+    await paused_run(store)
+
+    rows = await every_row(database)
+    for secret in (CANARY_KEY, CANARY_PASSWORD, SECRET, "t0k3n-value"):
+        assert secret not in rows
+    assert REDACTED in rows
+    assert "ann" in rows  # what is not secret is kept
+    # and the session still reads back as a valid conversation, with the secrets redacted
+    entries = await sessions.entries(session)
+    messages = [entry.message for entry in entries if isinstance(entry, MessageEntry)]
+    assert [m.role for m in messages] == [m.role for m in turn.messages]
+    assert messages[1].tool_calls[0].arguments == {
+        "user": "ann",
+        "password": REDACTED,
+        "note": f"key {REDACTED}",
+    }

@@ -3,19 +3,28 @@
 Every table name starts with ``agent_`` so the plugin's tables sit beside an application's own
 in one database. Columns are portable between SQLite and PostgreSQL: JSON is ``JSON`` (``JSONB``
 on PostgreSQL) and timestamps are timezone-aware UTC on both (SQLite stores them naive; they come
-back as UTC). The Alembic migrations in ``migrations/`` create exactly these tables; a test
-compares the two.
+back as UTC).
+
+No secret is ever written [OP-35]: every JSON column is a :class:`SecretFreeJson`, which passes
+what is written through :func:`~agent_plugin.redaction.redact_deep`. A password a model put in a
+tool call's arguments, or an API key a tool returned, is stored (and so read back, by the next
+turn of a session or by a resumed run) as ``[REDACTED]``; a tool that needs a secret takes it
+from its own configuration, never from the model.
+
+The Alembic migrations in ``migrations/`` create exactly these tables; a test compares the two.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from agent_plugin.redaction import redact_deep
 
 __all__ = [
     "RUN_STATUSES",
@@ -24,6 +33,7 @@ __all__ = [
     "MemoryEditRow",
     "RunCheckpointRow",
     "RunRow",
+    "SecretFreeJson",
     "SessionEntryRow",
     "SessionRow",
     "UtcDateTime",
@@ -80,8 +90,28 @@ class UtcDateTime(sa.TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-JSON_TYPE: Final = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-"""JSON everywhere, ``JSONB`` on PostgreSQL."""
+class SecretFreeJson(sa.TypeDecorator[Any]):
+    """JSON (``JSONB`` on PostgreSQL) with secrets redacted on the way in.
+
+    Whatever is bound to the column (an ORM value, an ``insert().values(...)``, a
+    ``sa.literal(value, column.type)``) passes through
+    :func:`~agent_plugin.redaction.redact_deep`; values read back are what was stored.
+    """
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(postgresql.JSONB())
+        return dialect.type_descriptor(sa.JSON())
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else redact_deep(cast(Any, value))
+
+
+JSON_TYPE: Final = SecretFreeJson()
+"""The type of every JSON column: JSON everywhere, ``JSONB`` on PostgreSQL, never a secret."""
 
 
 class Base(DeclarativeBase):
