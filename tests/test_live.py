@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -559,12 +559,15 @@ def events_app(redis: aioredis.Redis, prefix: str, *, keepalive: float = 0.2) ->
 
 
 @asynccontextmanager
-async def serve(app: Starlette) -> AsyncIterator[str]:
+async def serve(app: Starlette, *, lifespan: Literal["on", "off"] = "off") -> AsyncIterator[str]:
+    """``app`` served by a real uvicorn on a free port of 127.0.0.1; yields its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan=lifespan, timeout_graceful_shutdown=2
+    )
     server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     try:
