@@ -354,6 +354,7 @@ class HttpTransport:
             timeout=httpx.Timeout(timeout),
             transport=transport,
         )
+        self._urls: dict[str, httpx.URL] = {}
 
     def __repr__(self) -> str:
         return f"HttpTransport(provider={self.provider!r}, base_url={self.base_url!r})"
@@ -443,11 +444,18 @@ class HttpTransport:
         finally:
             await _close_stream(response, lines, events)
 
+    def _url(self, path: str) -> httpx.URL:
+        """The absolute URL of ``path``, parsed once (httpx parses a string on every request)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self.base_url + path)
+        return url
+
     async def _request_json(self, method: str, path: str, content: bytes | None) -> Any:
         try:
             response = await self._client.request(
                 method,
-                self.base_url + path,
+                self._url(path),
                 content=content,
                 headers=_JSON_HEADERS if content is not None else None,
             )
@@ -471,7 +479,7 @@ class HttpTransport:
     async def _open_stream(self, path: str, content: bytes) -> _OpenStream:
         """Send the request and read the first event (None when the stream has none)."""
         request = self._client.build_request(
-            "POST", self.base_url + path, content=content, headers=_SSE_HEADERS
+            "POST", self._url(path), content=content, headers=_SSE_HEADERS
         )
         try:
             response = await self._client.send(request, stream=True)
