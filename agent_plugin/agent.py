@@ -10,6 +10,9 @@ One iteration of a run [reference §1.7]::
 
 Budgets, truncation, the loop guard and the policy are small objects this module calls; the
 per-run state lives in :class:`_Run`, so one :class:`Agent` serves any number of concurrent runs.
+
+Memory, skills, step journals and sessions load with the first agent or run that uses them, not
+with the core: ``import agent_plugin`` does not pay for features an app may never turn on.
 """
 
 from __future__ import annotations
@@ -51,10 +54,8 @@ from agent_plugin.hooks import (
     RunControl,
     ToolOutput,
 )
-from agent_plugin.ids import new_run_id
-from agent_plugin.journal import Appended, Replied, RoundDone, RunJournal, Started, ToolDone
+from agent_plugin.ids import DEFAULT_SCOPE, new_run_id
 from agent_plugin.loop_guard import LoopGuard, LoopTracker, Stop, Warn, warning_note
-from agent_plugin.memory import DEFAULT_SCOPE, MemoryStore, MemoryTool, render_snapshot
 from agent_plugin.messages import (
     ChatMessage,
     ContentPart,
@@ -103,7 +104,6 @@ from agent_plugin.providers.base import (
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.redaction import redact
 from agent_plugin.rounds import ToolRound
-from agent_plugin.skills import LoadSkillTool, Skill, skills_index
 from agent_plugin.steering import Steering
 from agent_plugin.tools import (
     Tool,
@@ -111,8 +111,11 @@ from agent_plugin.tools import (
     error_payload,
 )
 
-if TYPE_CHECKING:  # sessions load with the first session run, not with the core
+if TYPE_CHECKING:  # these load on first use, not with the core
+    from agent_plugin.journal import RunJournal
+    from agent_plugin.memory import MemoryStore
     from agent_plugin.sessions import Compaction, SessionStore, SessionTurn
+    from agent_plugin.skills import Skill
 
 __all__ = ["Agent", "EventSink"]
 
@@ -170,8 +173,12 @@ class Agent:
         self.compaction = compaction
         built_in: list[Tool] = []
         if self.skills:
+            from agent_plugin.skills import LoadSkillTool
+
             built_in.append(LoadSkillTool(self.skills))
         if memory is not None:
+            from agent_plugin.memory import MemoryTool
+
             built_in.append(MemoryTool(memory, memory_scope))
         self.tools = ToolRegistry([*tools, *built_in])
         self.system_prompt = system_prompt
@@ -409,8 +416,12 @@ class Agent:
         """
         sections = [self.system_prompt] if self.system_prompt else []
         if self.skills:
+            from agent_plugin.skills import skills_index
+
             sections.append(skills_index(self.skills))
         if self.memory is not None:
+            from agent_plugin.memory import render_snapshot
+
             sections.append(render_snapshot(await self.memory.load(self.memory_scope)))
         return ChatMessage.system("\n\n".join(sections)) if sections else None
 
@@ -542,12 +553,16 @@ class _Run:
         for message in messages:
             self.append(message)
         if self.journal is not None:
+            from agent_plugin.journal import Appended
+
             await self.journal.record(Appended(messages=messages))
         if self.emit is not None:
             self.emit(Steered(run_id=self.run_id, messages=[m.text for m in messages]))
 
     async def tool_done(self, position: int, call: ToolCall, output: ToolOutput) -> None:
         assert self.journal is not None
+        from agent_plugin.journal import ToolDone
+
         await self.journal.record(
             ToolDone(
                 step=max(self.steps_used - 1, 0),
@@ -601,8 +616,7 @@ class _Run:
         try:
             self.system = await self.agent.system_message()
             self.system_cost = estimate_message(self.system) if self.system else 0
-            if self.journal is not None:
-                await self.journal.record(Started(state=self.state(self.initial_pending)))
+            await self.started(self.initial_pending)
             outcome = await body
             for hook in self.hooks.on_outcome:
                 await hook(outcome, self.info())
@@ -826,8 +840,8 @@ class _Run:
         pending = [self.gate(call, info) for call in calls]
         if not reply_recorded:
             await self.replied(self.steps_used - 1, self.messages[-1], pending)
-        elif self.journal is not None:
-            await self.journal.record(Started(state=self.state(pending)))
+        else:
+            await self.started(pending)
         if not any(isinstance(p.status, NeedsApproval) for p in pending):
             return await self.round(pending)
         outcome = AwaitingApproval(state=self.state(pending))
@@ -835,8 +849,17 @@ class _Run:
             self.emit(ApprovalRequired(run_id=self.run_id, calls=pending_approvals(outcome)))
         return outcome
 
+    async def started(self, pending: list[PendingCall]) -> None:
+        """Journal the state the run (re)starts from, with ``pending`` as its open calls."""
+        if self.journal is not None:
+            from agent_plugin.journal import Started
+
+            await self.journal.record(Started(state=self.state(pending)))
+
     async def replied(self, step: int, message: ChatMessage, pending: list[PendingCall]) -> None:
         if self.journal is not None:
+            from agent_plugin.journal import Replied
+
             await self.journal.record(
                 Replied(
                     step=step,
@@ -894,6 +917,8 @@ class _Run:
         message = ChatMessage.tool_results(results)
         self.append(message)
         if self.journal is not None:
+            from agent_plugin.journal import RoundDone
+
             await self.journal.record(RoundDone(step=self.steps_used - 1, message=message))
         if stop is not None:
             return LoopDetected(

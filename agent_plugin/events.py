@@ -235,4 +235,9 @@ AgentEvent: TypeAlias = Annotated[
     Field(discriminator="type"),
 ]
 
-event_adapter: TypeAdapter[AgentEvent] = TypeAdapter(AgentEvent)
+event_adapter: TypeAdapter[AgentEvent] = TypeAdapter(
+    AgentEvent, config=ConfigDict(defer_build=True)
+)
+"""``event_adapter.validate_json(...)`` / ``.dump_json(...)`` for events on their own.
+
+Built on first use (runs never need it), not when the package is imported."""

@@ -1,14 +1,17 @@
-"""Run and session ids: plain strings on the wire."""
+"""Run and session ids, and the default memory scope: plain strings on the wire."""
 
 from __future__ import annotations
 
 import secrets
-from typing import NewType
+from typing import Final, NewType
 
-__all__ = ["RunId", "SessionId", "new_run_id"]
+__all__ = ["DEFAULT_SCOPE", "RunId", "SessionId", "new_run_id"]
 
 RunId = NewType("RunId", str)
 SessionId = NewType("SessionId", str)
+
+DEFAULT_SCOPE: Final = "agent"
+"""The memory scope of an agent-wide memory (see :mod:`agent_plugin.memory`)."""
 
 
 def new_run_id() -> RunId:

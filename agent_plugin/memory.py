@@ -34,6 +34,7 @@ from typing import Annotated, Any, Final, Literal, Protocol, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
 from agent_plugin.errors import AgentError
+from agent_plugin.ids import DEFAULT_SCOPE
 from agent_plugin.tools import ToolContext, ToolEffect
 
 __all__ = [
@@ -82,9 +83,6 @@ class MemoryBlock(BaseModel):
         """Characters used by all entries together."""
         return sum(len(entry) for entry in self.entries)
 
-
-DEFAULT_SCOPE: Final = "agent"
-"""The scope of an agent-wide memory."""
 
 DEFAULT_BLOCKS: Final[tuple[MemoryBlock, ...]] = (
     MemoryBlock(

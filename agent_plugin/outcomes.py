@@ -249,8 +249,12 @@ AgentOutcome: TypeAlias = Annotated[
     Discriminator(_outcome_tag),
 ]
 
-outcome_adapter: TypeAdapter[AgentOutcome] = TypeAdapter(AgentOutcome)
-"""``outcome_adapter.validate_json(...)`` / ``.dump_json(...)`` for outcomes on their own."""
+outcome_adapter: TypeAdapter[AgentOutcome] = TypeAdapter(
+    AgentOutcome, config=ConfigDict(defer_build=True)
+)
+"""``outcome_adapter.validate_json(...)`` / ``.dump_json(...)`` for outcomes on their own.
+
+Built on first use (runs never need it), not when the package is imported."""
 
 
 class AgentTurn(_Model):

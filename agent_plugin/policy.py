@@ -83,8 +83,12 @@ class Deny(_Decision):
 ToolDecision: TypeAlias = Annotated[Allow | RequireApproval | Deny, Field(discriminator="decision")]
 """What a policy answers for one call; JSON-tagged by ``decision``."""
 
-decision_adapter: TypeAdapter[ToolDecision] = TypeAdapter(ToolDecision)
-"""``decision_adapter.validate_json(...)`` / ``.dump_json(...)`` for a decision on its own."""
+decision_adapter: TypeAdapter[ToolDecision] = TypeAdapter(
+    ToolDecision, config=ConfigDict(defer_build=True)
+)
+"""``decision_adapter.validate_json(...)`` / ``.dump_json(...)`` for a decision on its own.
+
+Built on first use (policies never need it), not when the package is imported."""
 
 ALLOW: Final = Allow()
 """The one :class:`Allow` the shipped policies return, so allowing a call allocates nothing."""

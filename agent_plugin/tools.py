@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Final, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
-import fastjsonschema
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticSerializationError, to_jsonable_python
@@ -296,14 +295,7 @@ class FnTool:
 
     def validate(self, arguments: JsonValue) -> str | None:
         """``"<json path>: <message>"`` of the most relevant schema violation, or None."""
-        try:
-            self._validator(arguments)
-        except fastjsonschema.JsonSchemaValueException as error:
-            # fastjsonschema names the value "data", "data.xs[1]", ...: print it as a JSON path
-            name = error.name or "data"
-            rule = error.message.removeprefix(name).strip()
-            return f"${name.removeprefix('data')}: {rule}"
-        return None
+        return self._validator(arguments)
 
     async def execute(self, arguments: JsonValue, ctx: ToolContext) -> Any:
         if self._with_context:
@@ -333,11 +325,15 @@ def _takes_context(fn: Callable[..., Any], label: str) -> bool:
 _UNSUPPORTED_DIALECTS: Final = ("2019-09", "2020-12")
 
 
-def _compile_schema(schema: dict[str, JsonValue], label: str) -> Callable[[Any], Any]:
-    """A fast validator (compiled once to Python code) for a tool's JSON Schema.
+def _compile_schema(schema: dict[str, JsonValue], label: str) -> Callable[[Any], str | None]:
+    """A fast validator (compiled once to Python code) for a tool's JSON Schema: it answers
+    ``"<json path>: <message>"`` of the most relevant violation, or None.
 
     ``use_default=False``: validating never writes defaults into the model's arguments.
+    fastjsonschema loads here, with the first :class:`FnTool`, not with the core.
     """
+    import fastjsonschema
+
     dialect = schema.get("$schema")
     if isinstance(dialect, str) and any(d in dialect for d in _UNSUPPORTED_DIALECTS):
         raise AgentError.config(
@@ -345,9 +341,21 @@ def _compile_schema(schema: dict[str, JsonValue], label: str) -> Callable[[Any],
             "(drop $schema or set it to 'http://json-schema.org/draft-07/schema#')"
         )
     try:
-        return fastjsonschema.compile(schema, use_default=False)
+        compiled = fastjsonschema.compile(schema, use_default=False)
     except (fastjsonschema.JsonSchemaDefinitionException, TypeError, ValueError) as exc:
         raise AgentError.config(f"{label}: invalid JSON Schema: {exc}") from None
+
+    def violation(arguments: Any) -> str | None:
+        try:
+            compiled(arguments)
+        except fastjsonschema.JsonSchemaValueException as error:
+            # fastjsonschema names the value "data", "data.xs[1]", ...: print it as a JSON path
+            name = error.name or "data"
+            rule = error.message.removeprefix(name).strip()
+            return f"${name.removeprefix('data')}: {rule}"
+        return None
+
+    return violation
 
 
 # --- @tool ----------------------------------------------------------------------------------

@@ -79,3 +79,26 @@ def test_the_block_really_blocks() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=False
     )
     assert result.stdout.startswith("blocked httpx"), result.stdout + result.stderr
+
+
+def test_importing_the_package_leaves_optional_features_unloaded() -> None:
+    """``import agent_plugin`` loads the core only: memory, skills, journals, sessions, the wire
+    clients, settings and the JSON Schema compiler load with their first use (issue 9)."""
+    lazy = (
+        "agent_plugin.memory",
+        "agent_plugin.skills",
+        "agent_plugin.journal",
+        "agent_plugin.sessions",
+        "agent_plugin.providers.openai",
+        "agent_plugin.providers.anthropic",
+        "agent_plugin.config",
+        "fastjsonschema",
+        "httpx",
+        "pydantic_settings",
+    )
+    script = f"import sys, agent_plugin; print([m for m in {lazy!r} if m in sys.modules])"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -11,6 +11,7 @@ import typing
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Optional
 
+import fastjsonschema
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -878,7 +879,7 @@ async def test_nothing_is_inspected_or_compiled_per_call(monkeypatch: pytest.Mon
     monkeypatch.setattr(inspect, "signature", forbidden)
     monkeypatch.setattr(typing, "get_type_hints", forbidden)
     monkeypatch.setattr(tools_module, "create_model", forbidden)
-    monkeypatch.setattr(tools_module.fastjsonschema, "compile", forbidden)
+    monkeypatch.setattr(fastjsonschema, "compile", forbidden)
     monkeypatch.setattr(inspect, "cleandoc", forbidden)
     for _ in range(3):
         assert area.validate({"width": 2}) is None
