@@ -98,6 +98,8 @@ from agent_plugin.skills import Skill, load_skills
 from agent_plugin.tools import Tool, ToolEffect, ToolRegistry
 
 if TYPE_CHECKING:
+    import httpx
+
     from agent_plugin.jobs import (
         AgentRunArgs,
         HeartbeatStats,
@@ -361,6 +363,10 @@ class AgentPlugin:
       then needed, and the plugin does not close it), or a :data:`ModelFactory` called with the
       loaded settings (a client it returns is closed at shutdown; ``None`` falls back to the
       configured provider).
+    * ``http_transport``: a callable that makes the httpx transport of the configured
+      provider's client, called once per start (the client closes it at shutdown): a proxy or
+      TLS setup, or a faster engine under many concurrent runs, e.g. ``AiohttpTransport`` of
+      ``httpx-aiohttp``. Default: httpx's own.
     * ``session_store``: default the SQL store on ``database_url``. ``memory_store``: ``None``
       (the default) gives agents no memory, because a memory scope is shared by everyone who
       uses it; ``"sql"`` uses the SQL store on ``database_url``; or pass any store.
@@ -391,6 +397,7 @@ class AgentPlugin:
         hooks: Iterable[AgentHooks] = (),
         policy: ToolPolicy | None = None,
         model: LlmClient | ModelFactory | None = None,
+        http_transport: Callable[[], httpx.AsyncBaseTransport] | None = None,
         session_store: SessionStore | None = None,
         memory_store: MemoryStore | Literal["sql"] | None = None,
         skills: Iterable[Skill] | str | Path = (),
@@ -409,6 +416,7 @@ class AgentPlugin:
         self._hooks: list[AgentHooks] = list(hooks)
         self.policy = policy
         self.model = model
+        self.http_transport = http_transport
         self.session_store = session_store
         self.memory_store = memory_store
         self._skills: list[Skill] = []
@@ -643,7 +651,8 @@ class AgentPlugin:
             if built is not None:
                 return built, True
         api_key = settings.require_api_key(self._environ)
-        return create_client(settings, api_key=api_key), True
+        transport = self.http_transport() if self.http_transport is not None else None
+        return create_client(settings, api_key=api_key, transport=transport), True
 
     def _stores_need_database(self) -> bool:
         return self.session_store is None or self.memory_store == "sql"

@@ -830,3 +830,40 @@ async def test_an_app_with_its_own_health_route_includes_the_component(tmp_path:
         "mine": True,
         "agent": {"status": "UP", "details": {"provider": "scripted", "models": 1}},
     }
+
+
+async def test_the_provider_client_uses_the_apps_http_transport(tmp_path: Path) -> None:
+    made: list[httpx.AsyncBaseTransport] = []
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=chat_completion("from the app's transport"))
+
+    def transport() -> httpx.AsyncBaseTransport:
+        made.append(httpx.MockTransport(answer))
+        return made[-1]
+
+    text = '[agent]\nprovider = "openai"\nbase_url = "http://llm.internal/v1"\n'
+    plugin = make_plugin(
+        tmp_path, text, environ={"AGENT_API_KEY": "sk-x"}, http_transport=transport
+    )
+    for _ in range(2):  # one transport per start: a closed one is never reused
+        async with serve(make_app(plugin)) as client:
+            response = await client.post("/run", json={"prompt": "hi"})
+        assert response.json()["text"] == "from the app's transport"
+    assert len(made) == 2
+    assert [str(r.url) for r in seen] == ["http://llm.internal/v1/chat/completions"] * 2
+    assert seen[0].headers["authorization"] == "Bearer sk-x"
+
+
+def chat_completion(text: str) -> dict[str, Any]:
+    return {
+        "id": "c1",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
