@@ -95,7 +95,9 @@ from arq.worker import Retry, func
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio.retry import Retry as RedisRetry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agent_plugin.agent import Agent, EventSink
 from agent_plugin.cancellation import CancelToken
@@ -354,9 +356,17 @@ def redis_settings(url: str, *, worker: bool) -> RedisSettings:
     settings = RedisSettings.from_dsn(url)
     if worker:
         retry = RedisRetry(ExponentialBackoff(cap=1.0, base=0.05), 20)
-        return dataclasses.replace(settings, retry=retry, conn_retries=10)
+        return dataclasses.replace(
+            settings, retry=retry, retry_on_error=list(_RETRIED), conn_retries=10
+        )
     retry = RedisRetry(ExponentialBackoff(cap=0.2, base=0.05), 2)
-    return dataclasses.replace(settings, retry=retry, conn_retries=0)
+    return dataclasses.replace(settings, retry=retry, retry_on_error=list(_RETRIED), conn_retries=0)
+
+
+_RETRIED: Final = (RedisConnectionError, RedisTimeoutError)
+"""The errors a Redis command is tried again on. redis-py retries only the errors listed in
+``retry_on_error`` (a ``retry`` alone retries nothing), and arq's own commands (taking a job,
+recording its result) must ride through a Redis restart, or the worker process dies."""
 
 
 def _redis_error(url: str, error: BaseException) -> AgentError:
