@@ -400,6 +400,33 @@ async def test_a_row_that_is_not_json_is_a_typed_error(tmp_path: Path) -> None:
         await database.dispose()
 
 
+async def test_a_sqlite_connection_given_back_mid_transaction_is_rolled_back(
+    tmp_path: Path,
+) -> None:
+    """The pool does not roll back every connection it gets back (one more trip to
+    aiosqlite's thread per transaction): only one whose transaction is still open."""
+    database = Database(sqlite_url(tmp_path / "reset.db"))
+    try:
+        await database.migrate()
+        async with database.engine.connect() as conn:
+            driver = (await conn.get_raw_connection()).driver_connection
+            assert driver is not None
+            await driver.execute("BEGIN IMMEDIATE")
+            await driver.execute(
+                "INSERT INTO agent_sessions (id, version, created_at, updated_at) "
+                "VALUES ('left-open', 0, '2024-01-01', '2024-01-01')"
+            )
+        # the write lock is free again (a writer would wait 30 s for it) and nothing landed
+        async with asyncio.timeout(5):
+            store = SqlSessionStore(database)
+            await store.append("after", numbered(1), expected_version=0)
+            async with database.read() as conn:
+                ids = (await conn.scalars(sa.select(SessionRow.id))).all()
+        assert list(ids) == ["after"]
+    finally:
+        await database.dispose()
+
+
 async def test_a_malformed_memory_row_is_a_typed_error(database: Database) -> None:
     store = SqlMemoryStore(database)
     scope = new_scope()

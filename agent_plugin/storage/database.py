@@ -17,11 +17,11 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, AdaptedConnection, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
-from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
 from agent_plugin.errors import AgentError, ErrorKind
 
@@ -79,10 +79,16 @@ class Database:
                 f"unsupported database {self.display_url}: use sqlite+aiosqlite:// or "
                 "postgresql+asyncpg://"
             )
+        if backend == "sqlite":
+            # the pool's rollback-on-return is one more trip to aiosqlite's thread per
+            # transaction; _configure_sqlite rolls back only a transaction left open
+            pool: dict[str, Any] = {"pool_reset_on_return": None}
+        else:
+            pool = {"pool_pre_ping": True}
         with self.errors("open"):
             try:
                 self.engine: AsyncEngine = _create_async_engine(
-                    self.url, echo=echo, connect_args=args, pool_pre_ping=backend != "sqlite"
+                    self.url, echo=echo, connect_args=args, **pool
                 )
             except (exc.NoSuchModuleError, ImportError, exc.InvalidRequestError) as error:
                 driver = self.url.get_driver_name()
@@ -220,7 +226,13 @@ def _async_url(url: str | URL) -> URL:
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:
-    """Foreign keys, WAL, and transactions that SQLAlchemy (not the driver) begins."""
+    """Foreign keys, WAL, and transactions that SQLAlchemy (not the driver) begins.
+
+    Every call into aiosqlite is a trip to the connection's own thread and back, which costs
+    more than the SQLite work of a small transaction: ``BEGIN`` goes as one call (not a cursor
+    opened, executed and closed), and a connection that comes back to the pool is rolled back
+    only if a transaction is still open on it (``Database.read`` and ``write`` end theirs).
+    """
 
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
@@ -235,4 +247,22 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
         write = conn.get_execution_options().get(_WRITE_OPTION, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        statement = "BEGIN IMMEDIATE" if write else "BEGIN"
+        _driver_connection(conn.connection.dbapi_connection).run_async(
+            lambda driver: driver.execute_fetchall(statement)
+        )
+
+    @event.listens_for(engine.sync_engine, "reset")
+    def _on_reset(
+        dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry, state: PoolResetState
+    ) -> None:
+        adapted = _driver_connection(dbapi_connection)
+        if state.asyncio_safe and adapted.driver_connection.in_transaction:
+            dbapi_connection.rollback()
+
+
+def _driver_connection(dbapi_connection: DBAPIConnection | None) -> AdaptedConnection:
+    """The asyncio adapter of a pooled connection (aiosqlite's, under SQLAlchemy's)."""
+    if not isinstance(dbapi_connection, AdaptedConnection):
+        raise TypeError(f"not an asyncio driver connection: {dbapi_connection!r}")
+    return dbapi_connection
