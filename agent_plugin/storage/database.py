@@ -38,6 +38,8 @@ _ASYNC_DRIVERS: Final = {
 _EXTRAS: Final = {"aiosqlite": "storage", "asyncpg": "postgres"}
 _WRITE_OPTION: Final = "agent_plugin_write"
 _SQLITE_BUSY_TIMEOUT_S: Final = 30.0
+_POOL_SIZE: Final = 5
+"""SQLAlchemy's default number of pooled PostgreSQL connections."""
 
 
 def hide_password(url: str | URL) -> str:
@@ -55,6 +57,11 @@ class Database:
     Stores open short transactions through :meth:`read` and :meth:`write`; on SQLite a write
     transaction takes the write lock up front (``BEGIN IMMEDIATE``) so two writers queue instead
     of failing halfway.
+
+    ``pool_size`` is how many PostgreSQL connections stay open between transactions (default
+    5; up to 10 more open while needed, and close again): give it at least the number of
+    runs that go on at once (a worker's ``max_jobs``), or connections are opened and closed
+    all the time.
     """
 
     def __init__(
@@ -64,6 +71,7 @@ class Database:
         echo: bool = False,
         connect_args: dict[str, Any] | None = None,
         connect_timeout: float = 10.0,
+        pool_size: int | None = None,
     ) -> None:
         self.url = _async_url(url)
         self.display_url = self.url.render_as_string(hide_password=True)
@@ -84,7 +92,7 @@ class Database:
             # transaction; _configure_sqlite rolls back only a transaction left open
             pool: dict[str, Any] = {"pool_reset_on_return": None}
         else:
-            pool = {"pool_pre_ping": True}
+            pool = {"pool_pre_ping": True, "pool_size": pool_size or _POOL_SIZE}
         with self.errors("open"):
             try:
                 self.engine: AsyncEngine = _create_async_engine(
