@@ -102,15 +102,21 @@ from agent_plugin.cancellation import CancelToken
 from agent_plugin.config import mask_url
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, OutcomeSummary, RetryScheduled, RunEnded
-from agent_plugin.hooks import AgentHooks, RunControl
 from agent_plugin.ids import new_run_id
-from agent_plugin.journal import JournalEntry, RunJournal, Started, recover
+from agent_plugin.journal import (
+    Appended,
+    JournalEntry,
+    Replied,
+    RoundDone,
+    RunJournal,
+    Started,
+    recover,
+)
 from agent_plugin.live import RunControlChannel, RunEventStream, watch
 from agent_plugin.outcomes import (
     AgentOutcome,
     ApprovalDecision,
     AwaitingApproval,
-    RunInfo,
     RunState,
 )
 from agent_plugin.proactive import (
@@ -124,7 +130,6 @@ from agent_plugin.proactive import (
     deliver_outcome,
     heartbeat_tick,
 )
-from agent_plugin.providers.base import ChatRequest
 from agent_plugin.redaction import redact_text, scrub
 from agent_plugin.sessions import MessageEntry, resume_in_session, run_in_session
 from agent_plugin.steering import Steering
@@ -940,20 +945,31 @@ def progress_of(steps_used: int, max_steps: int) -> tuple[int, str]:
     return min(steps_used, top) * 99 // top, f"step {steps_used} of {max_steps}"
 
 
-class _Progress(AgentHooks):
-    """Writes the run's progress to its record before every model call."""
+class _ProgressAtCheckpoints:
+    """The run's progress, written with the checkpoint that comes before each model call.
 
-    def __init__(self, store: SqlRunStore, run_id: str) -> None:
-        self.store = store
-        self.run_id = run_id
+    The model is asked only after a checkpoint of one of these: ``started`` (the run begins or
+    resumes), ``round_done`` (a round of tool calls ended) or ``appended`` (steering joined),
+    so writing ``progress_of(steps, max_steps)`` in the same transaction as those entries
+    reports the progress before every model call without a transaction of its own [AP-49].
+    ``steps`` is what the latest ``started`` or ``replied`` entry counted: what the run's
+    ``steps_used`` is when it next asks the model. (A run that ends right after a round
+    reports that round's step; then its record moves to how it ended.)
+    """
 
-    async def before_model(self, request: ChatRequest, info: RunInfo) -> RunControl | None:
-        pct, message = progress_of(info.steps_used, info.max_steps)
-        try:
-            await self.store.progress(self.run_id, pct, message)
-        except AgentError as error:  # progress is best effort; the checkpoints are not
-            logger.warning("run %s: progress not recorded: %s", self.run_id, error)
-        return None
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self.steps = 0
+
+    def __call__(self, entry: JournalEntry) -> tuple[int, str] | None:
+        if isinstance(entry, Replied):
+            self.steps = entry.steps_used
+            return None
+        if isinstance(entry, Started):
+            self.steps = entry.state.steps_used
+        elif not isinstance(entry, RoundDone | Appended):
+            return None
+        return progress_of(self.steps, self.max_steps)
 
 
 # --- one delivery of a job ------------------------------------------------------------------
@@ -1336,16 +1352,19 @@ class _Delivery:
         """Continue the run from wherever it is: a resume, a checkpoint, or the start."""
         store = self.store
         runtime = self.queue.runtime
-        journal = store.journal(self.run_id, attempt=record.attempt)
         heartbeat = args is not None and args.origin == "heartbeat"
         agent = runtime.agent_with(
             args.memory_scope if args is not None else record.memory_scope,
             system_prompt=args.system_prompt if args is not None else None,
             max_steps=args.max_steps if args is not None else None,
-            hooks=[_Progress(store, self.run_id)],
             policy=runtime.heartbeat_policy() if heartbeat else None,
             followup_depth=args.followup_depth if args is not None else 0,
             session=self.session,
+        )
+        journal = store.journal(
+            self.run_id,
+            attempt=record.attempt,
+            progress=_ProgressAtCheckpoints(agent.budget.max_steps),
         )
         first = record.attempt == 1  # never started before: no checkpoints, no pause
         entries = [] if first else await store.journal_entries(self.run_id)
