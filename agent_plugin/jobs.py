@@ -112,7 +112,7 @@ from agent_plugin.journal import (
     Started,
     recover,
 )
-from agent_plugin.live import RunControlChannel, RunEventStream, watch
+from agent_plugin.live import ControlWatcher, RunControlChannel, RunEventStream
 from agent_plugin.outcomes import (
     AgentOutcome,
     ApprovalDecision,
@@ -488,6 +488,7 @@ class RunQueue:
         self._redis: ArqRedis | None = None
         self._owns_redis = False
         self._connecting = asyncio.Lock()
+        self._watcher: ControlWatcher | None = None
 
     def __repr__(self) -> str:
         return f"RunQueue(redis={mask_url(self.redis_url)!r}, queue={self.options.queue_name!r})"
@@ -532,8 +533,18 @@ class RunQueue:
                 self._owns_redis = True
             return self._redis
 
+    def control_watcher(self, redis: ArqRedis) -> ControlWatcher:
+        """The watcher that carries cancel and steering requests to the runs this process runs
+        (one pub/sub connection for all of them; closed by :meth:`aclose`)."""
+        if self._watcher is None:
+            self._watcher = ControlWatcher(redis, prefix=self.options.live_prefix)
+        return self._watcher
+
     async def aclose(self) -> None:
-        """Close the connection this queue opened."""
+        """Stop watching control channels and close the connection this queue opened."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            await watcher.aclose()
         redis, self._redis = self._redis, None
         if redis is not None and self._owns_redis:
             await redis.aclose(close_connection_pool=True)
@@ -1225,7 +1236,8 @@ class _Delivery:
             logger.debug("run %s: traceback", self.run_id, exc_info=True)
             return await self._failed(AgentError(ErrorKind.INTERNAL, message), attempt)
         logger.info("run %s %s", self.run_id, record.status)
-        await self._forget_retries()
+        if attempt > 1:  # retries are counted only by attempts before this one
+            await self._forget_retries()
         return self.result(record.status)
 
     async def _forget_retries(self) -> None:
@@ -1332,15 +1344,10 @@ class _Delivery:
                     publish(event)
 
                 live.sink = sink
+            watcher = self.queue.control_watcher(self.redis)
             try:
                 await stack.enter_async_context(
-                    watch(
-                        self.redis,
-                        self.run_id,
-                        live.cancel,
-                        live.steering,
-                        prefix=self.options.live_prefix,
-                    )
+                    watcher.watch(self.run_id, live.cancel, live.steering)
                 )
             except (RedisError, OSError, TimeoutError) as error:
                 logger.warning("run %s: cannot watch its control channel: %s", self.run_id, error)
@@ -1447,7 +1454,8 @@ class _Delivery:
 @dataclass
 class _Live:
     """What a delivery hands every agent call: the run's cancel token and steering queue
-    (fed by :func:`~agent_plugin.live.watch`) and its event sink (``None``: no events)."""
+    (fed by the queue's :class:`~agent_plugin.live.ControlWatcher`) and its event sink
+    (``None``: no events)."""
 
     cancel: CancelToken
     steering: Steering
