@@ -10,6 +10,7 @@ names the URL with its password hidden.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -40,6 +41,9 @@ _WRITE_OPTION: Final = "agent_plugin_write"
 _SQLITE_BUSY_TIMEOUT_S: Final = 30.0
 _POOL_SIZE: Final = 5
 """SQLAlchemy's default number of pooled PostgreSQL connections."""
+_PING_AFTER_IDLE_S: Final = 5.0
+"""A pooled PostgreSQL connection idle for longer is checked before it is used again."""
+_IDLE_SINCE: Final = "agent_plugin_idle_since"
 
 
 def hide_password(url: str | URL) -> str:
@@ -92,7 +96,7 @@ class Database:
             # transaction; _configure_sqlite rolls back only a transaction left open
             pool: dict[str, Any] = {"pool_reset_on_return": None}
         else:
-            pool = {"pool_pre_ping": True, "pool_size": pool_size or _POOL_SIZE}
+            pool = {"pool_size": pool_size or _POOL_SIZE}
         with self.errors("open"):
             try:
                 self.engine: AsyncEngine = _create_async_engine(
@@ -108,6 +112,8 @@ class Database:
                 ) from error
         if backend == "sqlite":
             _configure_sqlite(self.engine)
+        else:
+            _ping_idle_connections(self.engine)
         self.sessionmaker: async_sessionmaker[AsyncSession] = async_sessionmaker(
             self.engine, expire_on_commit=False
         )
@@ -267,6 +273,34 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
         adapted = _driver_connection(dbapi_connection)
         if state.asyncio_safe and adapted.driver_connection.in_transaction:
             dbapi_connection.rollback()
+
+
+def _ping_idle_connections(engine: AsyncEngine) -> None:
+    """Check a pooled connection before it is used again only if it sat idle for a while.
+
+    SQLAlchemy's ``pool_pre_ping`` checks every checkout, which with asyncpg is three round
+    trips (``BEGIN``, the ping, ``ROLLBACK``): as many as the small transaction that follows.
+    A connection given back less than ``_PING_AFTER_IDLE_S`` seconds ago is used as it is: if
+    the server went away in between, that one transaction fails (``UNAVAILABLE``, which
+    background runs retry) and SQLAlchemy replaces every connection of the pool.
+    """
+    sync_engine = engine.sync_engine
+
+    @event.listens_for(sync_engine, "checkin")
+    def _on_checkin(_dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(sync_engine, "checkout")
+    def _on_checkout(
+        dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry, _proxy: object
+    ) -> None:
+        idle_since = record.info.pop(_IDLE_SINCE, None)
+        if idle_since is None or time.monotonic() - idle_since < _PING_AFTER_IDLE_S:
+            return
+        try:
+            sync_engine.dialect.do_ping(dbapi_connection)
+        except Exception as error:  # the pool connects again (up to three times)
+            raise exc.DisconnectionError(f"stale pooled connection: {error}") from error
 
 
 def _driver_connection(dbapi_connection: DBAPIConnection | None) -> AdaptedConnection:
