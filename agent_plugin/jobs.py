@@ -104,15 +104,21 @@ from agent_plugin.cancellation import CancelToken
 from agent_plugin.config import mask_url
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, OutcomeSummary, RetryScheduled, RunEnded
-from agent_plugin.hooks import AgentHooks, RunControl
 from agent_plugin.ids import new_run_id
-from agent_plugin.journal import JournalEntry, RunJournal, Started, recover
-from agent_plugin.live import RunControlChannel, RunEventStream, watch
+from agent_plugin.journal import (
+    Appended,
+    JournalEntry,
+    Replied,
+    RoundDone,
+    RunJournal,
+    Started,
+    recover,
+)
+from agent_plugin.live import ControlWatcher, RunControlChannel, RunEventStream
 from agent_plugin.outcomes import (
     AgentOutcome,
     ApprovalDecision,
     AwaitingApproval,
-    RunInfo,
     RunState,
 )
 from agent_plugin.proactive import (
@@ -126,7 +132,6 @@ from agent_plugin.proactive import (
     deliver_outcome,
     heartbeat_tick,
 )
-from agent_plugin.providers.base import ChatRequest
 from agent_plugin.redaction import redact_text, scrub
 from agent_plugin.sessions import MessageEntry, resume_in_session, run_in_session
 from agent_plugin.steering import Steering
@@ -493,6 +498,7 @@ class RunQueue:
         self._redis: ArqRedis | None = None
         self._owns_redis = False
         self._connecting = asyncio.Lock()
+        self._watcher: ControlWatcher | None = None
 
     def __repr__(self) -> str:
         return f"RunQueue(redis={mask_url(self.redis_url)!r}, queue={self.options.queue_name!r})"
@@ -537,8 +543,18 @@ class RunQueue:
                 self._owns_redis = True
             return self._redis
 
+    def control_watcher(self, redis: ArqRedis) -> ControlWatcher:
+        """The watcher that carries cancel and steering requests to the runs this process runs
+        (one pub/sub connection for all of them; closed by :meth:`aclose`)."""
+        if self._watcher is None:
+            self._watcher = ControlWatcher(redis, prefix=self.options.live_prefix)
+        return self._watcher
+
     async def aclose(self) -> None:
-        """Close the connection this queue opened."""
+        """Stop watching control channels and close the connection this queue opened."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            await watcher.aclose()
         redis, self._redis = self._redis, None
         if redis is not None and self._owns_redis:
             await redis.aclose(close_connection_pool=True)
@@ -950,20 +966,31 @@ def progress_of(steps_used: int, max_steps: int) -> tuple[int, str]:
     return min(steps_used, top) * 99 // top, f"step {steps_used} of {max_steps}"
 
 
-class _Progress(AgentHooks):
-    """Writes the run's progress to its record before every model call."""
+class _ProgressAtCheckpoints:
+    """The run's progress, written with the checkpoint that comes before each model call.
 
-    def __init__(self, store: SqlRunStore, run_id: str) -> None:
-        self.store = store
-        self.run_id = run_id
+    The model is asked only after a checkpoint of one of these: ``started`` (the run begins or
+    resumes), ``round_done`` (a round of tool calls ended) or ``appended`` (steering joined),
+    so writing ``progress_of(steps, max_steps)`` in the same transaction as those entries
+    reports the progress before every model call without a transaction of its own [AP-49].
+    ``steps`` is what the latest ``started`` or ``replied`` entry counted: what the run's
+    ``steps_used`` is when it next asks the model. (A run that ends right after a round
+    reports that round's step; then its record moves to how it ended.)
+    """
 
-    async def before_model(self, request: ChatRequest, info: RunInfo) -> RunControl | None:
-        pct, message = progress_of(info.steps_used, info.max_steps)
-        try:
-            await self.store.progress(self.run_id, pct, message)
-        except AgentError as error:  # progress is best effort; the checkpoints are not
-            logger.warning("run %s: progress not recorded: %s", self.run_id, error)
-        return None
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self.steps = 0
+
+    def __call__(self, entry: JournalEntry) -> tuple[int, str] | None:
+        if isinstance(entry, Replied):
+            self.steps = entry.steps_used
+            return None
+        if isinstance(entry, Started):
+            self.steps = entry.state.steps_used
+        elif not isinstance(entry, RoundDone | Appended):
+            return None
+        return progress_of(self.steps, self.max_steps)
 
 
 # --- one delivery of a job ------------------------------------------------------------------
@@ -1219,7 +1246,8 @@ class _Delivery:
             logger.debug("run %s: traceback", self.run_id, exc_info=True)
             return await self._failed(AgentError(ErrorKind.INTERNAL, message), attempt)
         logger.info("run %s %s", self.run_id, record.status)
-        await self._forget_retries()
+        if attempt > 1:  # retries are counted only by attempts before this one
+            await self._forget_retries()
         return self.result(record.status)
 
     async def _forget_retries(self) -> None:
@@ -1326,15 +1354,10 @@ class _Delivery:
                     publish(event)
 
                 live.sink = sink
+            watcher = self.queue.control_watcher(self.redis)
             try:
                 await stack.enter_async_context(
-                    watch(
-                        self.redis,
-                        self.run_id,
-                        live.cancel,
-                        live.steering,
-                        prefix=self.options.live_prefix,
-                    )
+                    watcher.watch(self.run_id, live.cancel, live.steering)
                 )
             except (RedisError, OSError, TimeoutError) as error:
                 logger.warning("run %s: cannot watch its control channel: %s", self.run_id, error)
@@ -1346,16 +1369,19 @@ class _Delivery:
         """Continue the run from wherever it is: a resume, a checkpoint, or the start."""
         store = self.store
         runtime = self.queue.runtime
-        journal = store.journal(self.run_id, attempt=record.attempt)
         heartbeat = args is not None and args.origin == "heartbeat"
         agent = runtime.agent_with(
             args.memory_scope if args is not None else record.memory_scope,
             system_prompt=args.system_prompt if args is not None else None,
             max_steps=args.max_steps if args is not None else None,
-            hooks=[_Progress(store, self.run_id)],
             policy=runtime.heartbeat_policy() if heartbeat else None,
             followup_depth=args.followup_depth if args is not None else 0,
             session=self.session,
+        )
+        journal = store.journal(
+            self.run_id,
+            attempt=record.attempt,
+            progress=_ProgressAtCheckpoints(agent.budget.max_steps),
         )
         first = record.attempt == 1  # never started before: no checkpoints, no pause
         entries = [] if first else await store.journal_entries(self.run_id)
@@ -1438,7 +1464,8 @@ class _Delivery:
 @dataclass
 class _Live:
     """What a delivery hands every agent call: the run's cancel token and steering queue
-    (fed by :func:`~agent_plugin.live.watch`) and its event sink (``None``: no events)."""
+    (fed by the queue's :class:`~agent_plugin.live.ControlWatcher`) and its event sink
+    (``None``: no events)."""
 
     cancel: CancelToken
     steering: Steering

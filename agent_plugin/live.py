@@ -4,7 +4,8 @@ A worker executing a run publishes its events to one Redis Stream per run
 (:class:`RunEventStream`); any web worker serves them as Server-Sent Events
 (:func:`read_events` + :func:`sse_response`), from the start or from ``Last-Event-ID``. Cancel
 and steering requests reach the worker that runs the run through :class:`RunControlChannel`
-and :func:`watch`. Redis keys, with the default prefix ``agent:run:``::
+and :class:`ControlWatcher` (one pub/sub connection per process) or :func:`watch` (one run).
+Redis keys, with the default prefix ``agent:run:``::
 
     agent:run:<run_id>:events    the stream; entries {type, data}; EXPIRE set at every run_end
     agent:run:<run_id>:cancel    the reason of a cancel request (with a TTL)
@@ -29,10 +30,12 @@ import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Final
 
 from pydantic import JsonValue
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
@@ -45,6 +48,7 @@ from agent_plugin.steering import Steering
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "ControlWatcher",
     "EventPublisher",
     "RunControlChannel",
     "RunEventStream",
@@ -640,14 +644,149 @@ class RunControlChannel:
         return [_text(item) for item in taken]
 
     async def apply(self, cancel: CancelToken, steering: Steering | None) -> None:
-        """Carry pending requests over to a local token and steering queue."""
-        if not cancel.cancelled:
-            reason = await self.cancel_requested()
-            if reason is not None:
-                cancel.cancel(reason)
+        """Carry pending requests over to a local token and steering queue, in one round trip
+        (the cancel request read, the steering messages taken)."""
+        ask_cancel = not cancel.cancelled
+        if not ask_cancel and steering is None:
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        if ask_cancel:
+            pipe.get(self.cancel_key)
         if steering is not None:
-            for text in await self.take_steering():
-                steering.send(text)
+            pipe.lrange(self.steer_key, 0, -1)
+            pipe.delete(self.steer_key)
+        replies = await pipe.execute()
+        if ask_cancel and replies[0] is not None:
+            cancel.cancel(_text(replies[0]))
+        if steering is not None:
+            for text in replies[-2]:
+                steering.send(_text(text))
+
+
+@dataclass(frozen=True, slots=True)
+class _Watched:
+    """One run a :class:`ControlWatcher` carries requests to."""
+
+    channel: RunControlChannel
+    cancel: CancelToken
+    steering: Steering | None
+
+    async def apply(self) -> None:
+        await self.channel.apply(self.cancel, self.steering)
+
+
+class ControlWatcher:
+    """Cancel and steering requests for every run one process runs, over one pub/sub
+    connection.
+
+    A worker runs many runs at once: a connection, a ``SUBSCRIBE`` and an ``UNSUBSCRIBE`` per
+    run would cost more than the requests they wait for (which are rare). The watcher
+    subscribes once to the pattern of every run's control channel (``<prefix>*:control``),
+    carries each notice to the runs of this process it names, and checks Redis for each of
+    them every ``poll`` seconds anyway (a notice lost with a dropped connection is not a lost
+    request). Redis trouble is logged and never ends a run. Start it (or let the first
+    :meth:`watch` start it) and :meth:`aclose` it when the process stops.
+    """
+
+    def __init__(self, redis: Redis, *, prefix: str = DEFAULT_PREFIX, poll: float = 1.0) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.poll = poll
+        self.pattern = _GLOB_SPECIAL.sub(r"\\\g<0>", prefix) + "*" + _CONTROL_SUFFIX
+        self._runs: dict[str, list[_Watched]] = {}
+        self._pubsub: PubSub | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._starting = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"ControlWatcher(pattern={self.pattern!r}, runs={len(self._runs)})"
+
+    async def start(self) -> None:
+        """Subscribe (once) and start carrying notices; Redis errors propagate."""
+        async with self._starting:
+            if self._task is not None:
+                return
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.psubscribe(self.pattern)
+                # the subscription is in place before any run takes its first look
+                await pubsub.get_message(timeout=_SUBSCRIBE_WAIT)
+            except BaseException:
+                await _close_pubsub(pubsub)
+                raise
+            self._pubsub = pubsub
+            self._task = asyncio.ensure_future(self._listen(pubsub))
+
+    @asynccontextmanager
+    async def watch(
+        self, run_id: str, cancel: CancelToken, steering: Steering | None = None
+    ) -> AsyncIterator[RunControlChannel]:
+        """While inside, cancel and steering requests for ``run_id`` reach ``cancel`` and
+        ``steering``: what was requested before is taken first (a cancel that came before the
+        worker started), then each request as its notice arrives."""
+        await self.start()
+        watched = _Watched(
+            RunControlChannel(self.redis, run_id, prefix=self.prefix), cancel, steering
+        )
+        self._runs.setdefault(run_id, []).append(watched)
+        try:
+            await watched.apply()
+            yield watched.channel
+        finally:
+            others = [w for w in self._runs.pop(run_id, []) if w is not watched]
+            if others:
+                self._runs[run_id] = others
+
+    async def aclose(self) -> None:
+        """Stop carrying notices and close the pub/sub connection."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                await pubsub.punsubscribe(self.pattern)
+            await _close_pubsub(pubsub)
+
+    async def _listen(self, pubsub: PubSub) -> None:
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + self.poll
+        failing = False
+        while True:
+            try:
+                wait = max(next_check - loop.time(), 0.0)
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
+                if message is not None:
+                    targets = self._runs.get(self._run_of(message.get("channel")), [])
+                else:
+                    targets = [w for watched in self._runs.values() for w in watched]
+                    next_check = loop.time() + self.poll
+                for watched in targets:
+                    await watched.apply()
+                failing = False
+            except (RedisError, OSError, TimeoutError) as error:
+                if not failing:
+                    logger.warning("control channels (%s): trouble: %s", self.pattern, error)
+                failing = True
+                await asyncio.sleep(self.poll)
+
+    def _run_of(self, channel: object) -> str:
+        name = _text(channel) if isinstance(channel, bytes | str) else ""
+        if name.startswith(self.prefix) and name.endswith(_CONTROL_SUFFIX):
+            return name[len(self.prefix) : -len(_CONTROL_SUFFIX)]
+        return ""
+
+
+_CONTROL_SUFFIX: Final = ":control"
+_GLOB_SPECIAL: Final = re.compile(r"[*?\[\]\\]")
+_SUBSCRIBE_WAIT: Final = 5.0
+
+
+async def _close_pubsub(pubsub: PubSub) -> None:
+    close: Callable[[], Awaitable[None]] = pubsub.aclose  # untyped in redis-py
+    await close()
 
 
 @asynccontextmanager
@@ -661,41 +800,12 @@ async def watch(
     poll: float = 1.0,
 ) -> AsyncIterator[RunControlChannel]:
     """While inside, cancel and steering requests for ``run_id`` reach ``cancel`` and
-    ``steering``.
-
-    Subscribes first, then takes what was requested before (a cancel that came before the
-    worker started), then applies each request as its notice arrives, and checks Redis every
-    ``poll`` seconds anyway (a notice lost with a dropped connection is not a lost request).
-    Redis trouble is logged and never ends the run.
+    ``steering``: :meth:`ControlWatcher.watch` with a watcher (and a pub/sub connection) of
+    its own. A process that runs many runs at once shares one :class:`ControlWatcher`.
     """
-    channel = RunControlChannel(redis, run_id, prefix=prefix)
-    pubsub = redis.pubsub()
-    await pubsub.subscribe(channel.channel)
+    watcher = ControlWatcher(redis, prefix=prefix, poll=poll)
     try:
-        await channel.apply(cancel, steering)
-
-        async def loop() -> None:
-            failing = False
-            while True:
-                try:
-                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=poll)
-                    await channel.apply(cancel, steering)
-                    failing = False
-                except (RedisError, OSError, TimeoutError) as error:
-                    if not failing:
-                        logger.warning("run %s: control channel trouble: %s", run_id, error)
-                    failing = True
-                    await asyncio.sleep(poll)
-
-        task = asyncio.ensure_future(loop())
-        try:
+        async with watcher.watch(run_id, cancel, steering) as channel:
             yield channel
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
     finally:
-        with contextlib.suppress(RedisError, OSError, TimeoutError):
-            await pubsub.unsubscribe(channel.channel)
-        close: Callable[[], Awaitable[None]] = pubsub.aclose  # untyped in redis-py
-        await close()
+        await watcher.aclose()

@@ -674,8 +674,10 @@ class AgentPlugin:
             return None
         from agent_plugin.storage import Database
 
+        options = self.job_options()
         try:
-            return Database(settings.database_url)
+            # a worker runs up to max_jobs runs at once, each with its own transactions
+            return Database(settings.database_url, pool_size=options.max_jobs if options else None)
         except ImportError as error:
             raise AgentError.config(
                 f"the database driver {error.name or error} is not installed (for PostgreSQL: "

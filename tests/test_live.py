@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import shutil
@@ -47,6 +48,7 @@ from agent_plugin.events import (
     TurnStarted,
 )
 from agent_plugin.live import (
+    ControlWatcher,
     RunControlChannel,
     RunEventStream,
     _DeltaGuard,
@@ -847,6 +849,38 @@ async def test_a_steering_message_joins_before_the_next_model_call(
     assert second[-1].text == "also mention the moon"
     assert second[-2].role is Role.TOOL
     assert await redis.exists(f"{prefix}steer:steer") == 0  # taken, not left behind
+
+
+async def test_one_watcher_carries_each_request_to_its_own_run(redis: aioredis.Redis) -> None:
+    prefix = f"agent-test-live-{uuid.uuid4().hex[:8]}[*?]:"  # glob characters match themselves
+    worker_redis = aioredis.Redis.from_url(REDIS_URL)
+    watcher = ControlWatcher(worker_redis, prefix=prefix, poll=30)
+    tokens = {name: CancelToken() for name in ("a", "b", "c")}
+    steering = Steering()
+    try:
+        async with contextlib.AsyncExitStack() as runs:
+            for name, token in tokens.items():
+                await runs.enter_async_context(
+                    watcher.watch(name, token, steering if name == "c" else None)
+                )
+            await RunControlChannel(redis, "b", prefix=prefix).request_cancel("only b")
+            await RunControlChannel(redis, "c", prefix=prefix).send_steering("to c")
+            await RunControlChannel(redis, "a-other", prefix=prefix).request_cancel("not a")
+            await RunControlChannel(redis, "a", prefix=prefix[:-1] + "x:").request_cancel("no")
+            for _ in range(200):  # pub/sub, not the 30 s poll
+                if tokens["b"].cancelled and steering.pending:
+                    break
+                await asyncio.sleep(0.01)
+            assert tokens["b"].reason == "only b"
+            assert steering.drain()[0].text == "to c"
+            assert not tokens["a"].cancelled
+            assert not tokens["c"].cancelled
+    finally:
+        await watcher.aclose()
+        keys = [key async for key in redis.scan_iter(match=prefix.replace("[", "[[]") + "*")]
+        if keys:
+            await redis.delete(*keys)
+        await worker_redis.aclose()
 
 
 # --- the console page ----------------------------------------------------------------------------

@@ -772,6 +772,38 @@ async def test_parallel_records_through_one_journal_keep_their_order(
     assert await store.journal_entries(run_id) == entries
 
 
+async def test_a_progress_rule_writes_the_progress_with_its_checkpoint(
+    database: Database,
+) -> None:
+    store = SqlRunStore(database)
+    run_id = new_run_id()
+    await store.create(run_id, origin="request", args={})
+    started = await store.start(run_id)
+    seen: list[str] = []
+
+    def rule(entry: JournalEntry) -> tuple[int, str] | None:
+        seen.append(entry.kind)
+        return (250, f"after {entry.kind}") if isinstance(entry, RoundDone) else None
+
+    journal = store.journal(run_id, attempt=started.attempt, progress=rule)
+    await Agent(ScriptedModel(two_rounds()), tools=[Counter().tool()]).run_turn(
+        [], "count", run_id=run_id, journal=journal
+    )
+    assert seen == [entry.kind for entry in await store.journal_entries(run_id)]
+    record = await store.get(run_id)
+    assert record is not None
+    assert (record.progress_pct, record.progress_message) == (100, "after round_done")
+
+    # a checkpoint that is refused changes no progress either
+    await store.requeue(run_id)
+    late = RoundDone(step=9, message=ChatMessage.of_text("user", "late"))
+    error = await refused(journal.record(late), ErrorKind.CONFLICT)
+    assert "queued" in error.message
+    record = await store.get(run_id)
+    assert record is not None
+    assert record.progress_message == "after round_done"
+
+
 async def test_two_writers_of_one_run_never_share_a_seq(
     database: Database, make_database: Callable[[], Database]
 ) -> None:

@@ -38,6 +38,7 @@ from agent_plugin.memory import (
 from agent_plugin.messages import ChatMessage
 from agent_plugin.sessions import SUMMARY_PREFIX, SessionStore
 from agent_plugin.storage import Database, SqlMemoryStore, SqlSessionStore
+from agent_plugin.storage import database as storage_database
 from agent_plugin.storage.models import MemoryBlockRow, SessionEntryRow, SessionRow
 from tests.store_conformance import SessionStoreContract, new_session_id, numbered, report
 
@@ -396,6 +397,75 @@ async def test_a_row_that_is_not_json_is_a_typed_error(tmp_path: Path) -> None:
         assert caught.value.kind is ErrorKind.DECODE
         assert "stored entry 3 (compaction)" in caught.value.message
         assert [e.seq for e in await store.entries(session, limit=2)] == [1, 2]
+    finally:
+        await database.dispose()
+
+
+async def test_a_sqlite_connection_given_back_mid_transaction_is_rolled_back(
+    tmp_path: Path,
+) -> None:
+    """The pool does not roll back every connection it gets back (one more trip to
+    aiosqlite's thread per transaction): only one whose transaction is still open."""
+    database = Database(sqlite_url(tmp_path / "reset.db"))
+    try:
+        await database.migrate()
+        async with database.engine.connect() as conn:
+            driver = (await conn.get_raw_connection()).driver_connection
+            assert driver is not None
+            await driver.execute("BEGIN IMMEDIATE")
+            await driver.execute(
+                "INSERT INTO agent_sessions (id, version, created_at, updated_at) "
+                "VALUES ('left-open', 0, '2024-01-01', '2024-01-01')"
+            )
+        # the write lock is free again (a writer would wait 30 s for it) and nothing landed
+        async with asyncio.timeout(5):
+            store = SqlSessionStore(database)
+            await store.append("after", numbered(1), expected_version=0)
+            async with database.read() as conn:
+                ids = (await conn.scalars(sa.select(SessionRow.id))).all()
+        assert list(ids) == ["after"]
+    finally:
+        await database.dispose()
+
+
+async def _drop_connections_of(application: str) -> None:
+    """Terminate the server side of every connection of ``application`` (and wait for it)."""
+    admin = Database(POSTGRES_URL)
+    try:
+        async with admin.write() as conn:
+            await conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+                    "WHERE application_name = :name"
+                ),
+                {"name": application},
+            )
+    finally:
+        await admin.dispose()
+
+
+async def test_a_postgres_connection_idle_for_a_while_is_checked_before_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only connections that sat idle are pinged (a ping is three round trips with asyncpg);
+    one given back a moment ago is used as it is, so a server restart in between costs that
+    one transaction, after which the pool reconnects."""
+    application = f"agent-test-{uuid.uuid4().hex[:8]}"
+    database = Database(
+        POSTGRES_URL, connect_args={"server_settings": {"application_name": application}}
+    )
+    try:
+        async with database.read() as conn:
+            await conn.execute(sa.text("SELECT 1"))
+        await _drop_connections_of(application)
+        with pytest.raises(AgentError) as caught:  # used again at once: not checked
+            await database.check()
+        assert caught.value.kind is ErrorKind.UNAVAILABLE
+        await database.check()  # the pool has reconnected
+
+        await _drop_connections_of(application)
+        monkeypatch.setattr(storage_database, "_PING_AFTER_IDLE_S", 0.0)
+        await database.check()  # idle "long enough": pinged, found dead, replaced
     finally:
         await database.dispose()
 

@@ -10,6 +10,7 @@ names the URL with its password hidden.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -17,11 +18,11 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, AdaptedConnection, make_url
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
-from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
 from agent_plugin.errors import AgentError, ErrorKind
 
@@ -38,6 +39,11 @@ _ASYNC_DRIVERS: Final = {
 _EXTRAS: Final = {"aiosqlite": "storage", "asyncpg": "postgres"}
 _WRITE_OPTION: Final = "agent_plugin_write"
 _SQLITE_BUSY_TIMEOUT_S: Final = 30.0
+_POOL_SIZE: Final = 5
+"""SQLAlchemy's default number of pooled PostgreSQL connections."""
+_PING_AFTER_IDLE_S: Final = 5.0
+"""A pooled PostgreSQL connection idle for longer is checked before it is used again."""
+_IDLE_SINCE: Final = "agent_plugin_idle_since"
 
 
 def hide_password(url: str | URL) -> str:
@@ -55,6 +61,11 @@ class Database:
     Stores open short transactions through :meth:`read` and :meth:`write`; on SQLite a write
     transaction takes the write lock up front (``BEGIN IMMEDIATE``) so two writers queue instead
     of failing halfway.
+
+    ``pool_size`` is how many PostgreSQL connections stay open between transactions (default
+    5; up to 10 more open while needed, and close again): give it at least the number of
+    runs that go on at once (a worker's ``max_jobs``), or connections are opened and closed
+    all the time.
     """
 
     def __init__(
@@ -64,6 +75,7 @@ class Database:
         echo: bool = False,
         connect_args: dict[str, Any] | None = None,
         connect_timeout: float = 10.0,
+        pool_size: int | None = None,
     ) -> None:
         self.url = _async_url(url)
         self.display_url = self.url.render_as_string(hide_password=True)
@@ -79,10 +91,16 @@ class Database:
                 f"unsupported database {self.display_url}: use sqlite+aiosqlite:// or "
                 "postgresql+asyncpg://"
             )
+        if backend == "sqlite":
+            # the pool's rollback-on-return is one more trip to aiosqlite's thread per
+            # transaction; _configure_sqlite rolls back only a transaction left open
+            pool: dict[str, Any] = {"pool_reset_on_return": None}
+        else:
+            pool = {"pool_size": pool_size or _POOL_SIZE}
         with self.errors("open"):
             try:
                 self.engine: AsyncEngine = _create_async_engine(
-                    self.url, echo=echo, connect_args=args, pool_pre_ping=backend != "sqlite"
+                    self.url, echo=echo, connect_args=args, **pool
                 )
             except (exc.NoSuchModuleError, ImportError, exc.InvalidRequestError) as error:
                 driver = self.url.get_driver_name()
@@ -94,6 +112,8 @@ class Database:
                 ) from error
         if backend == "sqlite":
             _configure_sqlite(self.engine)
+        else:
+            _ping_idle_connections(self.engine)
         self.sessionmaker: async_sessionmaker[AsyncSession] = async_sessionmaker(
             self.engine, expire_on_commit=False
         )
@@ -220,7 +240,13 @@ def _async_url(url: str | URL) -> URL:
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:
-    """Foreign keys, WAL, and transactions that SQLAlchemy (not the driver) begins."""
+    """Foreign keys, WAL, and transactions that SQLAlchemy (not the driver) begins.
+
+    Every call into aiosqlite is a trip to the connection's own thread and back, which costs
+    more than the SQLite work of a small transaction: ``BEGIN`` goes as one call (not a cursor
+    opened, executed and closed), and a connection that comes back to the pool is rolled back
+    only if a transaction is still open on it (``Database.read`` and ``write`` end theirs).
+    """
 
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
@@ -235,4 +261,50 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
         write = conn.get_execution_options().get(_WRITE_OPTION, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        statement = "BEGIN IMMEDIATE" if write else "BEGIN"
+        _driver_connection(conn.connection.dbapi_connection).run_async(
+            lambda driver: driver.execute_fetchall(statement)
+        )
+
+    @event.listens_for(engine.sync_engine, "reset")
+    def _on_reset(
+        dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry, state: PoolResetState
+    ) -> None:
+        adapted = _driver_connection(dbapi_connection)
+        if state.asyncio_safe and adapted.driver_connection.in_transaction:
+            dbapi_connection.rollback()
+
+
+def _ping_idle_connections(engine: AsyncEngine) -> None:
+    """Check a pooled connection before it is used again only if it sat idle for a while.
+
+    SQLAlchemy's ``pool_pre_ping`` checks every checkout, which with asyncpg is three round
+    trips (``BEGIN``, the ping, ``ROLLBACK``): as many as the small transaction that follows.
+    A connection given back less than ``_PING_AFTER_IDLE_S`` seconds ago is used as it is: if
+    the server went away in between, that one transaction fails (``UNAVAILABLE``, which
+    background runs retry) and SQLAlchemy replaces every connection of the pool.
+    """
+    sync_engine = engine.sync_engine
+
+    @event.listens_for(sync_engine, "checkin")
+    def _on_checkin(_dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(sync_engine, "checkout")
+    def _on_checkout(
+        dbapi_connection: DBAPIConnection, record: ConnectionPoolEntry, _proxy: object
+    ) -> None:
+        idle_since = record.info.pop(_IDLE_SINCE, None)
+        if idle_since is None or time.monotonic() - idle_since < _PING_AFTER_IDLE_S:
+            return
+        try:
+            sync_engine.dialect.do_ping(dbapi_connection)
+        except Exception as error:  # the pool connects again (up to three times)
+            raise exc.DisconnectionError(f"stale pooled connection: {error}") from error
+
+
+def _driver_connection(dbapi_connection: DBAPIConnection | None) -> AdaptedConnection:
+    """The asyncio adapter of a pooled connection (aiosqlite's, under SQLAlchemy's)."""
+    if not isinstance(dbapi_connection, AdaptedConnection):
+        raise TypeError(f"not an asyncio driver connection: {dbapi_connection!r}")
+    return dbapi_connection

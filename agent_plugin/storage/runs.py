@@ -23,16 +23,21 @@ version is still the one it read (compare-and-set), so a decision is accepted on
 exactly one pause, however many requests race.
 
 Step checkpoints (:meth:`SqlRunStore.journal`) are rows of ``agent_run_checkpoints``, one
-``INSERT`` each, numbered per run; the primary key ``(run_id, seq)`` makes two writers of one
+``INSERT`` each (with the run's progress in the same transaction when the journal is given a
+``progress`` rule), numbered per run; the primary key ``(run_id, seq)`` makes two writers of one
 run collide instead of interleaving. A retried job reads them back with
 :meth:`SqlRunStore.journal_entries` and continues from :func:`agent_plugin.journal.recover`.
+
+The statements a background run makes on every step (the checkpoint ``INSERT``, the progress
+``UPDATE``, reading a record, starting a run) are built once, with bind parameters, so a step
+pays for executing them and not for building and caching them again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, TypeVar
@@ -68,6 +73,10 @@ _NAME_MAX: Final = 255
 _ORIGIN_MAX: Final = 64
 
 T = TypeVar("T")
+
+ProgressRule = Callable[[JournalEntry], tuple[int, str] | None]
+"""What a run's record says about its progress once a checkpoint is written: ``(pct, message)``
+for the entry, or ``None`` to leave the progress as it is."""
 
 
 class RunStatus(StrEnum):
@@ -189,15 +198,13 @@ class SqlRunStore:
     async def get(self, run_id: str) -> RunRecord | None:
         """The run's public record, or ``None`` if there is no such run."""
         async with self.database.read() as conn:
-            row = (
-                await conn.execute(sa.select(*_RECORD_COLUMNS).where(_RUNS.run_id == run_id))
-            ).one_or_none()
+            row = (await conn.execute(_GET, {"run": run_id})).one_or_none()
         return _record(row._mapping) if row is not None else None
 
     async def args(self, run_id: str) -> dict[str, Any] | None:
         """The job arguments stored by :meth:`create` (``None``: no such run, or none stored)."""
         async with self.database.read() as conn:
-            text = await conn.scalar(sa.select(_text(_RUNS.args)).where(_RUNS.run_id == run_id))
+            text = await conn.scalar(_ARGS_OF, {"run": run_id})
         return _decode(run_id, "args", text, _ARGS)
 
     async def start(self, run_id: str) -> RunRecord:
@@ -207,16 +214,11 @@ class SqlRunStore:
         in progress (finished, paused, cancelled) is not started again: ``CONFLICT``, so a
         re-delivered job for a finished run does nothing. Unknown run: ``NOT_FOUND``.
         """
-        now = utcnow()
-        return await self._move(
-            run_id,
-            "start",
-            _RUNNABLE,
-            status=RunStatus.IN_PROGRESS.value,
-            attempt=_RUNS.attempt + 1,
-            started_at=sa.func.coalesce(_RUNS.started_at, now),
-            updated_at=now,
-        )
+        async with self.database.write() as conn:
+            row = (await conn.execute(_START, {"run": run_id, "now": utcnow()})).one_or_none()
+        if row is not None:
+            return _record(row._mapping)
+        raise await self._refusal(run_id, "start it")
 
     async def progress(self, run_id: str, pct: int, message: str) -> None:
         """Report progress of a run in progress (one ``UPDATE``; ``pct`` is kept in 0..100).
@@ -224,17 +226,8 @@ class SqlRunStore:
         Ignored when the run is no longer in progress (a late report changes nothing);
         ``NOT_FOUND`` for an unknown run.
         """
-        update = (
-            sa.update(_RUNS)
-            .where(_RUNS.run_id == run_id, _RUNS.status == RunStatus.IN_PROGRESS.value)
-            .values(
-                progress_pct=min(max(int(pct), 0), 100),
-                progress_message=message,
-                updated_at=utcnow(),
-            )
-        )
         async with self.database.write() as conn:
-            if (await conn.execute(update)).rowcount == 1:
+            if (await conn.execute(_PROGRESS, _progress_values(run_id, pct, message))).rowcount:
                 return
             if await _status(conn, run_id) is None:
                 raise _not_found(run_id)
@@ -421,14 +414,18 @@ class SqlRunStore:
 
     # --- step checkpoints ------------------------------------------------------------------
 
-    def journal(self, run_id: str, *, attempt: int | None = None) -> SqlRunJournal:
+    def journal(
+        self, run_id: str, *, attempt: int | None = None, progress: ProgressRule | None = None
+    ) -> SqlRunJournal:
         """The run's checkpoint journal, to pass to ``Agent.run_turn``/``resume``.
 
         With ``attempt`` (the number :meth:`start` returned in the record), a checkpoint is
         written only while the run is in progress at that attempt: a worker that was given up
         for dead and replaced cannot write into its successor's journal (``CONFLICT``).
+        With ``progress``, a checkpoint for which the rule answers ``(pct, message)`` also
+        updates the record's progress, in the same transaction (see :meth:`progress`).
         """
-        return SqlRunJournal(self.database, run_id, attempt=attempt)
+        return SqlRunJournal(self.database, run_id, attempt=attempt, progress=progress)
 
     async def journal_entries(self, run_id: str) -> list[JournalEntry]:
         """The run's checkpoints in the order they were recorded (one query; ``[]`` if none)."""
@@ -467,11 +464,15 @@ class SqlRunStore:
         record = await self._try_move(run_id, allowed, **values)
         if record is not None:
             return record
+        raise await self._refusal(run_id, action + " it")
+
+    async def _refusal(self, run_id: str, action: str) -> AgentError:
+        """Why a move did not happen: NOT_FOUND, or CONFLICT naming the run's status."""
         async with self.database.read() as conn:
             status = await _status(conn, run_id)
         if status is None:
-            raise _not_found(run_id)
-        raise _conflict(run_id, status, action + " it")
+            return _not_found(run_id)
+        return _conflict(run_id, status, action)
 
     async def _try_move(
         self,
@@ -506,10 +507,18 @@ class SqlRunJournal:
     and one of them gets ``CONFLICT`` rather than both getting the same seq.
     """
 
-    def __init__(self, database: Database, run_id: str, *, attempt: int | None = None) -> None:
+    def __init__(
+        self,
+        database: Database,
+        run_id: str,
+        *,
+        attempt: int | None = None,
+        progress: ProgressRule | None = None,
+    ) -> None:
         self.database = database
         self.run_id = run_id
         self.attempt = attempt
+        self.progress = progress
         self._writing = asyncio.Lock()
 
     def __repr__(self) -> str:
@@ -520,36 +529,29 @@ class SqlRunJournal:
 
         ``NOT_FOUND`` if the run has no record; ``CONFLICT`` if another writer took the same
         seq at the same moment, or (with ``attempt``) the run moved on to another attempt.
+        With a ``progress`` rule, the progress it gives for ``entry`` is written with it.
         """
-        checkpoints = _CHECKPOINTS.__table__.c
-        next_seq = (
-            sa.select(sa.func.coalesce(sa.func.max(_CHECKPOINTS.seq), 0) + 1)
-            .where(_CHECKPOINTS.run_id == self.run_id)
-            .scalar_subquery()
-        )
-        where = [_RUNS.run_id == self.run_id]
-        if self.attempt is not None:
-            where += [
-                _RUNS.attempt == self.attempt,
-                _RUNS.status == RunStatus.IN_PROGRESS.value,
-            ]
-        source = sa.select(
-            _RUNS.run_id,
-            next_seq,
-            sa.literal(entry.kind, checkpoints.kind.type),
-            sa.literal(getattr(entry, "step", None), checkpoints.step.type),
-            sa.literal(getattr(entry, "position", None), checkpoints.position.type),
-            sa.literal(getattr(entry, "call_id", None), checkpoints.call_id.type),
-            sa.literal(entry.model_dump(mode="json", exclude={"kind"}), checkpoints.payload.type),
-            sa.literal(utcnow(), checkpoints.created_at.type),
-        ).where(*where)
-        insert = sa.insert(_CHECKPOINTS).from_select(
-            ["run_id", "seq", "kind", "step", "position", "call_id", "payload", "created_at"],
-            source,
-        )
+        now = utcnow()
+        values = {
+            "run": self.run_id,
+            "of_attempt": self.attempt,
+            "new_kind": entry.kind,
+            "new_step": getattr(entry, "step", None),
+            "new_position": getattr(entry, "position", None),
+            "new_call_id": getattr(entry, "call_id", None),
+            "new_payload": entry.model_dump(mode="json", exclude={"kind"}),
+            "new_created_at": now,
+        }
+        insert = _CHECKPOINT if self.attempt is None else _CHECKPOINT_OF_ATTEMPT
+        progress = self.progress(entry) if self.progress is not None else None
         try:
             async with self._writing, self.database.write() as conn:
-                if (await conn.execute(insert)).rowcount == 1:
+                if (await conn.execute(insert, values)).rowcount == 1:
+                    if progress is not None:
+                        pct, message = progress
+                        await conn.execute(
+                            _PROGRESS, _progress_values(self.run_id, pct, message, now)
+                        )
                     return
                 head = (
                     await conn.execute(
@@ -595,6 +597,73 @@ _RECORD_COLUMNS: Final = (
     _text(_RUNS.outcome),
     _text(_RUNS.error),
 )
+
+
+def _progress_values(
+    run_id: str, pct: int, message: str, now: datetime | None = None
+) -> dict[str, Any]:
+    return {
+        "run": run_id,
+        "pct": min(max(int(pct), 0), 100),
+        "message": message,
+        "now": now or utcnow(),
+    }
+
+
+def _checkpoint_insert(*, of_attempt: bool) -> sa.Insert:
+    """The checkpoint ``INSERT`` of the entry bound as ``new_<column>``: seq = the run's last
+    + 1, in the same statement; with ``of_attempt``, only while the run is in progress at the
+    attempt bound as ``of_attempt``. (Bind names differ from column names, as SQLAlchemy
+    requires in an ``INSERT``.)"""
+    columns = _CHECKPOINTS.__table__.c
+    run_id = sa.bindparam("run", type_=columns.run_id.type)
+    next_seq = (
+        sa.select(sa.func.coalesce(sa.func.max(columns.seq), 0) + 1)
+        .where(columns.run_id == run_id)
+        .scalar_subquery()
+    )
+    where = [_RUNS.run_id == run_id]
+    if of_attempt:
+        where += [
+            _RUNS.attempt == sa.bindparam("of_attempt", type_=sa.Integer()),
+            _RUNS.status == RunStatus.IN_PROGRESS.value,
+        ]
+    fields = ("kind", "step", "position", "call_id", "payload", "created_at")
+    source = sa.select(
+        _RUNS.run_id,
+        next_seq,
+        *(sa.bindparam(f"new_{name}", type_=columns[name].type) for name in fields),
+    ).where(*where)
+    return sa.insert(_CHECKPOINTS).from_select(["run_id", "seq", *fields], source)
+
+
+_BY_RUN_ID: Final = _RUNS.run_id == sa.bindparam("run", type_=sa.String())
+_NOW: Final = sa.bindparam("now", type_=_RUNS.__table__.c.updated_at.type)
+_GET: Final = sa.select(*_RECORD_COLUMNS).where(_BY_RUN_ID)
+_ARGS_OF: Final = sa.select(_text(_RUNS.args)).where(_BY_RUN_ID)
+_START: Final = (
+    sa.update(_RUNS)
+    .where(_BY_RUN_ID, _RUNS.status.in_([s.value for s in _RUNNABLE]))
+    .values(
+        status=RunStatus.IN_PROGRESS.value,
+        attempt=_RUNS.attempt + 1,
+        version=_RUNS.version + 1,
+        started_at=sa.func.coalesce(_RUNS.started_at, _NOW),
+        updated_at=_NOW,
+    )
+    .returning(*_RECORD_COLUMNS)
+)
+_PROGRESS: Final = (
+    sa.update(_RUNS)
+    .where(_BY_RUN_ID, _RUNS.status == RunStatus.IN_PROGRESS.value)
+    .values(
+        progress_pct=sa.bindparam("pct", type_=sa.Integer()),
+        progress_message=sa.bindparam("message", type_=sa.Text()),
+        updated_at=_NOW,
+    )
+)
+_CHECKPOINT: Final = _checkpoint_insert(of_attempt=False)
+_CHECKPOINT_OF_ATTEMPT: Final = _checkpoint_insert(of_attempt=True)
 
 
 async def _status(conn: AsyncConnection, run_id: str) -> str | None:
