@@ -95,7 +95,9 @@ from arq.worker import Retry, func
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio.retry import Retry as RedisRetry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agent_plugin.agent import Agent, EventSink
 from agent_plugin.cancellation import CancelToken
@@ -354,14 +356,24 @@ def redis_settings(url: str, *, worker: bool) -> RedisSettings:
     """arq's connection settings for ``url``.
 
     A worker keeps trying through a Redis restart (about 15 s); an app gives up after a few
-    fast tries, so a request fails quickly with a clear error instead.
+    fast tries, so a request fails quickly with a clear error instead. The tries cover
+    connecting too: while Redis restarts, a new connection (or one found closed and opened
+    again) is refused with a plain ``OSError``, which redis-py does not retry by default, and
+    arq's worker loop dies of the first one it meets.
     """
     settings = RedisSettings.from_dsn(url)
     if worker:
-        retry = RedisRetry(ExponentialBackoff(cap=1.0, base=0.05), 20)
+        retry = RedisRetry(ExponentialBackoff(cap=1.0, base=0.05), 20, _RETRIED)
         return dataclasses.replace(settings, retry=retry, conn_retries=10)
-    retry = RedisRetry(ExponentialBackoff(cap=0.2, base=0.05), 2)
+    retry = RedisRetry(ExponentialBackoff(cap=0.2, base=0.05), 2, _RETRIED)
     return dataclasses.replace(settings, retry=retry, conn_retries=0)
+
+
+_RETRIED: Final = cast(
+    tuple[type[RedisError], ...], (RedisConnectionError, RedisTimeoutError, OSError)
+)
+"""What a Redis connection tries again: redis-py's defaults and a refused connection (typed
+as redis errors only, though any exception type works)."""
 
 
 def _redis_error(url: str, error: BaseException) -> AgentError:
