@@ -356,7 +356,10 @@ def redis_settings(url: str, *, worker: bool) -> RedisSettings:
     """arq's connection settings for ``url``.
 
     A worker keeps trying through a Redis restart (about 15 s); an app gives up after a few
-    fast tries, so a request fails quickly with a clear error instead.
+    fast tries, so a request fails quickly with a clear error instead. The tries cover
+    connecting too: while Redis restarts, a new connection (or one found closed and opened
+    again) is refused with a plain ``OSError``, which redis-py does not retry by default, and
+    arq's worker loop dies of the first one it meets.
     """
     settings = RedisSettings.from_dsn(url)
     if worker:
@@ -368,10 +371,11 @@ def redis_settings(url: str, *, worker: bool) -> RedisSettings:
     return dataclasses.replace(settings, retry=retry, retry_on_error=list(_RETRIED), conn_retries=0)
 
 
-_RETRIED: Final = (RedisConnectionError, RedisTimeoutError)
-"""The errors a Redis command is tried again on. redis-py retries only the errors listed in
-``retry_on_error`` (a ``retry`` alone retries nothing), and arq's own commands (taking a job,
-recording its result) must ride through a Redis restart, or the worker process dies."""
+_RETRIED: Final = (RedisConnectionError, RedisTimeoutError, OSError)
+"""The errors a Redis command is tried again on: a lost connection, a timeout, and a refused
+connection while Redis restarts (a plain ``OSError``). redis-py retries only the errors listed
+in ``retry_on_error`` (a ``retry`` policy alone retries nothing), and arq's own commands (taking
+a job, recording its result) must ride through a restart, or the worker process dies."""
 
 
 def _redis_error(url: str, error: BaseException) -> AgentError:

@@ -13,12 +13,15 @@ Three measurements, on the real Redis (``AGENT_BENCH_REDIS_URL``, default
    Reported as runs/s and the ratio to (1) (target: at least 0.7), with the SQL statements and
    Redis commands per run. Both sides enqueue before their worker starts, outside the timed
    window (enqueues/s are reported apart). Both workers get the same ``max_jobs`` and
-   ``poll_delay``. A poll reads up to arq's ``queue_read_limit`` (100) job ids and starts them
-   as slots free up, then the worker sleeps ``poll_delay``: at the ``JobOptions`` default
-   (0.5 s) no-op jobs spend most of the timed window in those sleeps (which flatters the
-   ratio), so the fast poll (10 ms) is the comparison that shows what a run costs. A running
-   job stays in arq's queue, and every poll checks each running job again (four Redis round
-   trips): a cost a no-op job, done before the next poll, never pays.
+   ``poll_delay``, but they do not meet the same limit. A poll reads up to 100 job ids and
+   starts them until every slot is taken (arq's semaphore has ``max_jobs + 1`` permits: the
+   start that finds the slots full ends the batch), then the worker sleeps ``poll_delay``. A
+   no-op job is done before the next one starts, so a poll starts up to 100 of them; a job
+   that outlasts ten starts (every agent run) gets at most ``max_jobs`` starts per poll:
+   20 runs/s at the ``JobOptions`` defaults (10 jobs, 0.5 s), however cheap a run is. The
+   fast poll (10 ms) is the comparison of what a run costs. A running job also stays in
+   arq's queue, and every poll checks each running job again (four Redis round trips): a
+   cost a no-op job never pays.
 3. **checkpoints**: ``Agent.run_turn`` in process over 1- and 10-step runs, without a journal,
    with ``SqlRunStore.journal`` (what a worker writes), and with the journal and the
    worker's progress rule (the progress written with the checkpoint before each model call);
@@ -1012,8 +1015,9 @@ def render(report: dict[str, Any]) -> str:
         "worker's startup to the end of its last job, best of "
         f"{report['plan']['repeats']}; each agent run is one tool round (two scripted model "
         "calls and a tool call), enqueued as a tracked run beforehand. Both sides enqueue "
-        "before the timed window (enqueued/s: the app side's rate, apart). At a 0.5 s poll the "
-        "no-op worker sleeps through most of its window; the 10 ms poll compares costs.",
+        "before the timed window (enqueued/s: the app side's rate, apart). At a 0.5 s poll arq "
+        "starts at most max_jobs long jobs per poll (20 runs/s), but up to 100 no-op jobs; the "
+        "10 ms poll compares costs.",
         "",
         "| max_jobs | poll_delay s | subject | jobs | jobs/s | ratio to arq no-op "
         "| wall ms/job | CPU ms/job | SQL statements/job | SQL transactions/job "

@@ -420,8 +420,9 @@ class RedisServer:
             self.process.terminate()
             self.process.wait(10)
 
-    def restart(self) -> None:
+    def restart(self, downtime: float = 0.0) -> None:
         self.stop()
+        time.sleep(downtime)
         self.start()
 
     def queued(self, queue: str) -> int:
@@ -476,7 +477,7 @@ async def test_a_redis_restart_loses_no_tracked_run(tmp_path: Path) -> None:
                 if server.queued(env.queue) <= 6:
                     break
                 await asyncio.sleep(0.02)
-            server.restart()
+            server.restart(downtime=1.0)  # down long enough for the worker to meet it
             second = await wait_all(env, busy, within=60)
             assert worker.alive(), f"the worker did not survive the restart: {worker.output()}"
     finally:

@@ -428,6 +428,34 @@ async def test_a_sqlite_connection_given_back_mid_transaction_is_rolled_back(
         await database.dispose()
 
 
+async def test_sqlite_writers_take_turns_and_give_up_after_the_busy_timeout(
+    tmp_path: Path,
+) -> None:
+    database = Database(sqlite_url(tmp_path / "turns.db"), connect_args={"timeout": 0.3})
+    try:
+        await database.migrate()
+        order: list[str] = []
+
+        async def write(name: str, hold: float) -> None:
+            async with database.write() as conn:
+                order.append(f"{name} in")
+                await conn.execute(sa.text("SELECT 1"))
+                await asyncio.sleep(hold)
+                order.append(f"{name} out")
+
+        await asyncio.gather(write("a", 0.1), write("b", 0), write("c", 0))
+        assert order == ["a in", "a out", "b in", "b out", "c in", "c out"]
+
+        slow = asyncio.ensure_future(write("slow", 1.0))
+        await asyncio.sleep(0.05)
+        with pytest.raises(AgentError) as caught:
+            await write("late", 0)
+        assert caught.value.kind is ErrorKind.UNAVAILABLE
+        await slow
+    finally:
+        await database.dispose()
+
+
 async def _drop_connections_of(application: str) -> None:
     """Terminate the server side of every connection of ``application`` (and wait for it)."""
     admin = Database(POSTGRES_URL)

@@ -9,6 +9,7 @@ names the URL with its password hidden.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -110,8 +111,12 @@ class Database:
                     f"cannot use database {self.display_url}: driver {driver!r} is not "
                     f"available{hint}"
                 ) from error
+        self._writers: asyncio.Lock | None = None
+        self._busy_timeout = _SQLITE_BUSY_TIMEOUT_S
         if backend == "sqlite":
             _configure_sqlite(self.engine)
+            self._writers = asyncio.Lock()
+            self._busy_timeout = float(args["timeout"])
         else:
             _ping_idle_connections(self.engine)
         self.sessionmaker: async_sessionmaker[AsyncSession] = async_sessionmaker(
@@ -137,12 +142,30 @@ class Database:
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncConnection]:
-        """A connection in a write transaction, committed when the block ends without error."""
+        """A connection in a write transaction, committed when the block ends without error.
+
+        On SQLite the writers of this process take turns on a lock of their own first: SQLite
+        lets one writer in at a time, and its busy handler waits for the write lock by
+        sleeping and trying again (up to 100 ms a sleep), while this lock hands over the moment
+        the writer before commits. A writer still gives up after the busy timeout.
+        """
         with self.errors("write to"):
-            async with self.engine.connect() as conn:
+            async with self._turn_to_write(), self.engine.connect() as conn:
                 await conn.execution_options(**{_WRITE_OPTION: True})
                 async with conn.begin():
                     yield conn
+
+    @asynccontextmanager
+    async def _turn_to_write(self) -> AsyncIterator[None]:
+        if self._writers is None:
+            yield
+            return
+        async with asyncio.timeout(self._busy_timeout):
+            await self._writers.acquire()
+        try:
+            yield
+        finally:
+            self._writers.release()
 
     @contextmanager
     def errors(self, action: str) -> Iterator[None]:
