@@ -13,6 +13,7 @@ import codecs
 import contextlib
 import json
 import re
+import urllib.request
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -324,7 +325,15 @@ async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
 
 
 class HttpTransport:
-    """One pooled :class:`httpx.AsyncClient` for one provider, with retries and typed errors.
+    """One pooled httpx transport for one provider, with retries and typed errors.
+
+    Requests go to the :class:`httpx.AsyncBaseTransport` directly, not through an
+    :class:`httpx.AsyncClient`: a provider call needs none of the client's layers (cookies,
+    auth flows, redirects, base-URL merging), and they cost more CPU per request than the
+    rest of a step. Without a ``transport`` it is httpx's own, through the proxy the
+    environment names for ``base_url`` (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``,
+    ``NO_PROXY``), as an ``AsyncClient`` would choose. A given ``transport`` is used as it is
+    (httpx ignores the environment's proxies then, too).
 
     Every failure leaves as an :class:`AgentError`: a non-2xx status is classified by
     :meth:`ErrorKind.from_http_status` with the provider's name, the status, ``Retry-After`` and
@@ -349,11 +358,18 @@ class HttpTransport:
         self.base_url = base_url.rstrip("/")
         self.retry = retry
         self._secret = secret
-        self._client = httpx.AsyncClient(
-            headers=dict(headers),
-            timeout=httpx.Timeout(timeout),
-            transport=transport,
+        self._transport = transport or httpx.AsyncHTTPTransport(
+            proxy=environment_proxy(self.base_url)
         )
+        common = {**_DEFAULT_HEADERS, **headers}
+        self._headers = {
+            "GET": httpx.Headers(common),
+            "POST": httpx.Headers({**common, "content-type": "application/json"}),
+            "SSE": httpx.Headers(
+                {**common, "content-type": "application/json", "accept": "text/event-stream"}
+            ),
+        }
+        self._extensions = {"timeout": httpx.Timeout(timeout).as_dict()}
         self._urls: dict[str, httpx.URL] = {}
 
     def __repr__(self) -> str:
@@ -361,7 +377,7 @@ class HttpTransport:
 
     async def aclose(self) -> None:
         """Close the pooled connections."""
-        await self._client.aclose()
+        await self._transport.aclose()
 
     async def get_json(
         self,
@@ -451,20 +467,33 @@ class HttpTransport:
             url = self._urls[path] = httpx.URL(self.base_url + path)
         return url
 
-    async def _request_json(self, method: str, path: str, content: bytes | None) -> Any:
+    def _request(self, method: str, path: str, content: bytes | None, kind: str) -> httpx.Request:
+        return httpx.Request(
+            method,
+            self._url(path),
+            headers=self._headers[kind],
+            content=content,
+            extensions=self._extensions,
+        )
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
         try:
-            response = await self._client.request(
-                method,
-                self._url(path),
-                content=content,
-                headers=_JSON_HEADERS if content is not None else None,
-            )
+            return await self._transport.handle_async_request(request)
         except httpx.HTTPError as exc:
             raise self._transport_error(exc) from None
+
+    async def _request_json(self, method: str, path: str, content: bytes | None) -> Any:
+        response = await self._send(self._request(method, path, content, method))
+        try:
+            data = await response.aread()
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from None
+        finally:
+            await response.aclose()
         if not response.is_success:
             raise self._status_error(response.status_code, response.text, response.headers)
         try:
-            return json.loads(response.content)
+            return json.loads(data)
         except _JSON_ERRORS as exc:
             text = scrub(response.text.strip(), self._secret)
             raise AgentError(
@@ -478,13 +507,7 @@ class HttpTransport:
 
     async def _open_stream(self, path: str, content: bytes) -> _OpenStream:
         """Send the request and read the first event (None when the stream has none)."""
-        request = self._client.build_request(
-            "POST", self._url(path), content=content, headers=_SSE_HEADERS
-        )
-        try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise self._transport_error(exc) from None
+        response = await self._send(self._request("POST", path, content, "SSE"))
         if not response.is_success:
             try:
                 text = (await response.aread()).decode("utf-8", "replace")
@@ -549,11 +572,22 @@ class HttpTransport:
         return AgentError(kind, message, provider=self.provider)
 
 
-_JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
-_SSE_HEADERS: Mapping[str, str] = {
-    "content-type": "application/json",
-    "accept": "text/event-stream",
+_DEFAULT_HEADERS: Mapping[str, str] = {
+    "accept": "*/*",
+    "accept-encoding": "gzip, deflate",
+    "user-agent": "fastapi-agent-plugin",
 }
+
+
+def environment_proxy(base_url: str) -> str | None:
+    """The proxy URL the environment names for ``base_url``, as httpx reads it: the scheme's
+    ``<SCHEME>_PROXY`` or else ``ALL_PROXY``, unless ``NO_PROXY`` lists the host (or ``*``)."""
+    url = httpx.URL(base_url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(url.host):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
 
 
 _OpenStream = tuple[

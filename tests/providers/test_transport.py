@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import inspect
 import json
 import socket
@@ -13,7 +14,8 @@ import httpx
 import pytest
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
-from agent_plugin.providers.http import HttpTransport, SseEvent
+from agent_plugin.providers.http import HttpTransport, SseEvent, environment_proxy
+from agent_plugin.providers.lean import LeanTransport
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy
 from agent_plugin.redaction import REDACTED
 from tests.httpserver import (
@@ -43,14 +45,24 @@ def _plain_http() -> httpx.AsyncHTTPTransport:
     return httpx.AsyncHTTPTransport(verify=False)
 
 
+ENGINES: dict[str, Callable[[], httpx.AsyncBaseTransport]] = {
+    "httpx": _plain_http,
+    "lean": LeanTransport,
+}
+
+
 @pytest.fixture
 async def server() -> AsyncIterator[HttpServer]:
     async with HttpServer() as running:
         yield running
 
 
-@pytest.fixture
-async def make_transport(server: HttpServer) -> AsyncIterator[MakeTransport]:
+@pytest.fixture(params=sorted(ENGINES))
+async def make_transport(
+    server: HttpServer, request: pytest.FixtureRequest
+) -> AsyncIterator[MakeTransport]:
+    """HttpTransports on httpx's own engine, and (a second run of every test) on LeanTransport."""
+    engine = ENGINES[request.param]
     made: list[HttpTransport] = []
 
     def make(retry: RetryPolicy = FAST, timeout: float = 5.0) -> HttpTransport:
@@ -61,7 +73,7 @@ async def make_transport(server: HttpServer) -> AsyncIterator[MakeTransport]:
             timeout=timeout,
             retry=retry,
             secret=SECRET,
-            transport=_plain_http(),
+            transport=engine(),
         )
         made.append(transport)
         return transport
@@ -610,3 +622,71 @@ def test_a_request_that_is_not_json_is_a_typed_error() -> None:
         with pytest.raises(AgentError) as caught:
             dumps(bad)
         assert caught.value.kind is ErrorKind.CONFIG
+
+
+# --- the default engine and the environment's proxies ----------------------------------------
+
+
+def _default_engine(base_url: str) -> HttpTransport:
+    return HttpTransport(PROVIDER, base_url, headers={}, timeout=5.0, retry=FAST)
+
+
+async def test_without_a_transport_requests_go_through_the_environments_proxy(
+    server: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the test server plays the proxy: a proxied plain-HTTP request names the whole URL
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    server.queue(reply_json(OK))
+    transport = _default_engine("http://model.invalid/v1")
+    try:
+        assert await transport.post_json("/chat/completions", BODY) == OK
+    finally:
+        await transport.aclose()
+    [request] = server.requests
+    assert request.path == "http://model.invalid/v1/chat/completions"
+    assert request.json() == BODY
+
+
+async def test_no_proxy_sends_the_host_direct(
+    server: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    server.queue(reply_json(OK))
+    transport = _default_engine(server.url + "/v1")
+    try:
+        assert await transport.post_json("/chat/completions", BODY) == OK
+    finally:
+        await transport.aclose()
+    assert [request.path for request in server.requests] == ["/v1/chat/completions"]
+
+
+def test_environment_proxy_follows_httpx_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("https_proxy", "proxy.corp:3128")
+    monkeypatch.setenv("ALL_PROXY", "socks5://all.corp:1080")
+    assert environment_proxy("https://api.openai.com/v1") == "http://proxy.corp:3128"
+    assert environment_proxy("http://ollama:11434/v1") == "socks5://all.corp:1080"
+    monkeypatch.setenv("NO_PROXY", ".openai.com")
+    assert environment_proxy("https://api.openai.com/v1") is None
+    monkeypatch.setenv("NO_PROXY", "*")
+    assert environment_proxy("http://ollama:11434/v1") is None
+
+
+async def test_requests_name_the_library_and_accept_compressed_answers(
+    server: HttpServer, make_transport: MakeTransport
+) -> None:
+    server.queue(reply_json(OK))
+    await make_transport().post_json("/chat/completions", BODY)
+    [request] = server.requests
+    assert request.headers["user-agent"] == "fastapi-agent-plugin"
+    assert request.headers["accept-encoding"] == "gzip, deflate"
+
+
+async def test_a_gzip_answer_is_decoded(server: HttpServer, make_transport: MakeTransport) -> None:
+    body = gzip.compress(json.dumps(OK).encode())
+    server.queue(Reply(200, {"content-type": "application/json", "content-encoding": "gzip"}, body))
+    assert await make_transport().post_json("/chat/completions", BODY) == OK

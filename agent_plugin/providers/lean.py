@@ -1,0 +1,585 @@
+"""An httpx transport for many concurrent model calls: :class:`LeanTransport`.
+
+httpx's own transport (httpcore) spends one to two milliseconds of CPU per request once hundreds
+of runs share a client: its pool scans every connection and waiting request on each request,
+and its HTTP/1.1 state machine is pure Python. Under 300 concurrent runs that CPU, not the
+model's latency, sets the pace. ``LeanTransport`` speaks HTTP/1.1 over asyncio protocols with
+a keep-alive pool per origin and parses responses with a few byte searches, so a request costs
+a fraction of that; the public API stays httpx (it is an :class:`httpx.AsyncBaseTransport`)::
+
+    plugin = AgentPlugin(http_transport=LeanTransport)
+    client = OpenAICompatibleClient(model="gpt-4o-mini", transport=LeanTransport())
+
+What it does: HTTP and HTTPS (certificates checked as httpx checks them, or with the
+``verify`` context you give), keep-alive with an idle expiry, a bound on connections, httpx's
+timeouts (connect, read, write, pool) from the request, bodies framed by length, chunked or by
+the connection's end, interim ``1xx`` answers skipped, one retry on a fresh connection when a
+kept-alive one turns out closed before any byte of the answer arrived. What it does not do:
+proxies, HTTP/2, upgrades, ``Expect: 100-continue``, streamed request bodies (a body is read
+whole before it is sent, as the wire clients build it anyway). For those, use httpx's own
+transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+import time
+from collections.abc import AsyncIterator
+from typing import Final
+
+import httpx
+
+__all__ = ["LeanTransport"]
+
+_Origin = tuple[str, str, int]
+
+_LIMIT_HEAD: Final = 64 * 1024
+"""The longest response head (status line and headers) read before giving up."""
+
+_LIMIT_CHUNK_LINE: Final = 4096
+"""The longest chunk-size line (with extensions) or trailer line."""
+
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEX: Final = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+_NO_BODY_STATUS: Final = frozenset({204, 304})
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection: the bytes it received, and a way to wait for more."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.received = False
+        """Whether any byte arrived since the last request was written."""
+        self.eof = False
+        self.error: Exception | None = None
+        self.idle_since = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self._drained: asyncio.Future[None] | None = None
+
+    # --- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        self.received = True
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        self.error = exc
+        self.transport = None
+        self._wake()
+        self.resume_writing()
+
+    def pause_writing(self) -> None:
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # --- used by the transport ---------------------------------------------------------------
+
+    @property
+    def reusable(self) -> bool:
+        """Open, not half-closed by the server, and with no stray bytes waiting."""
+        transport = self.transport
+        return (
+            transport is not None
+            and not self.eof
+            and not self.buffer
+            and not transport.is_closing()
+        )
+
+    def send(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is None:
+            raise httpx.WriteError(_lost(self.error, "the connection was closed"))
+        self.received = False
+        transport.write(data)
+
+    async def drain(self, seconds: float | None) -> None:
+        """Until the kernel took what was written (only waits when asyncio paused writing)."""
+        drained = self._drained
+        if drained is None:
+            return
+        try:
+            async with asyncio.timeout(seconds):
+                await asyncio.shield(drained)
+        except TimeoutError:
+            self.close()
+            raise httpx.WriteTimeout("timed out sending the request") from None
+        if self.transport is None:
+            raise httpx.WriteError(_lost(self.error, "the connection was closed while sending"))
+
+    async def receive(self, seconds: float | None, what: str) -> None:
+        """Until more bytes arrive; the error for ``what`` was cut short when the server closed."""
+        if self.eof:
+            if self.error is not None:
+                raise httpx.ReadError(_lost(self.error, what))
+            raise httpx.RemoteProtocolError(what)
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None if seconds is None else loop.call_later(seconds, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def close(self) -> None:
+        transport = self.transport
+        if transport is not None:
+            transport.close()
+        self.eof = True
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(httpx.ReadTimeout("timed out waiting for the response"))
+
+
+def _lost(error: BaseException | None, what: str) -> str:
+    return f"{what}: {error}" if error is not None else what
+
+
+class _Slots:
+    """The bound on connections in use, with httpx's pool timeout for a request that waits."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._semaphore = None if limit is None else asyncio.Semaphore(limit)
+
+    async def take(self, seconds: float | None) -> None:
+        semaphore = self._semaphore
+        if semaphore is None:
+            return
+        if not semaphore.locked():
+            await semaphore.acquire()  # does not wait
+            return
+        try:
+            async with asyncio.timeout(seconds):
+                await semaphore.acquire()
+        except TimeoutError:
+            raise httpx.PoolTimeout("timed out waiting for a free connection") from None
+
+    def give_back(self) -> None:
+        if self._semaphore is not None:
+            self._semaphore.release()
+
+
+class LeanTransport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 over asyncio protocols with a keep-alive pool per origin.
+
+    * ``verify``: ``True`` checks certificates as httpx does (certifi's roots, or
+      ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``); ``False`` does not check them; or an
+      :class:`ssl.SSLContext` of your own.
+    * ``max_connections``: requests in flight at once (and so connections per origin); a
+      request beyond it waits for up to the request's pool timeout. ``None``: no bound.
+    * ``keepalive_expiry``: seconds an idle connection is kept for reuse (httpx's default, 5).
+
+    Errors are httpx's: :class:`httpx.ConnectError` / :class:`httpx.ConnectTimeout`,
+    :class:`httpx.ReadTimeout`, :class:`httpx.WriteTimeout`, :class:`httpx.PoolTimeout`,
+    :class:`httpx.ReadError` when the connection breaks, :class:`httpx.RemoteProtocolError`
+    for an answer that is not HTTP/1.1 or ends early, :class:`httpx.UnsupportedProtocol` for a
+    scheme other than http and https, :class:`httpx.LocalProtocolError` for a header that
+    cannot be sent.
+    """
+
+    def __init__(
+        self,
+        *,
+        verify: ssl.SSLContext | bool = True,
+        max_connections: int | None = 100,
+        keepalive_expiry: float = 5.0,
+    ) -> None:
+        if max_connections is not None and max_connections < 1:
+            raise ValueError("max_connections must be at least 1 (or None for no bound)")
+        if keepalive_expiry < 0:
+            raise ValueError("keepalive_expiry must not be negative")
+        self._verify = verify
+        self._ssl: ssl.SSLContext | None = None
+        self._slots = _Slots(max_connections)
+        self._expiry = keepalive_expiry
+        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        idle = sum(len(connections) for connections in self._idle.values())
+        return f"LeanTransport(idle_connections={idle}, closed={self._closed})"
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._closed:
+            raise RuntimeError("this LeanTransport is closed")
+        url = request.url
+        scheme = url.scheme
+        port = _DEFAULT_PORTS.get(scheme)
+        if port is None:
+            raise httpx.UnsupportedProtocol(
+                f"LeanTransport speaks http and https, not {scheme!r}"
+                if scheme
+                else "the request URL has no scheme"
+            )
+        if not url.host:
+            raise httpx.UnsupportedProtocol("the request URL has no host")
+        origin = (scheme, url.host, url.port or port)
+        message = _request_bytes(request, await _body(request))
+        timeouts = request.extensions.get("timeout", {})
+        await self._slots.take(timeouts.get("pool"))
+        try:
+            return await self._exchange(request, origin, message, timeouts)
+        except BaseException:
+            self._slots.give_back()
+            raise
+
+    async def _exchange(
+        self, request: httpx.Request, origin: _Origin, message: bytes, timeouts: dict[str, float]
+    ) -> httpx.Response:
+        read_timeout = timeouts.get("read")
+        while True:
+            connection, reused = self._pooled(origin)
+            if connection is None:
+                connection = await self._connect(origin, timeouts.get("connect"))
+            try:
+                connection.send(message)
+                await connection.drain(timeouts.get("write"))
+                response = await _read_head(connection, read_timeout)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                connection.close()
+                # a kept-alive connection the server closed meanwhile: once more, on a new one
+                if reused and not connection.received:
+                    continue
+                raise
+            except BaseException:
+                connection.close()
+                raise
+            break
+        status, reason, version, headers = response
+        length, keep_alive = _framing(request.method, status, version, headers)
+        stream = _Body(self, origin, connection, length, keep_alive, read_timeout)
+        return httpx.Response(
+            status,
+            headers=headers,
+            stream=stream,
+            extensions={"http_version": version, "reason_phrase": reason},
+        )
+
+    def _pooled(self, origin: _Origin) -> tuple[_Connection | None, bool]:
+        """An idle connection to ``origin`` fit for reuse, newest first; expired ones close."""
+        idle = self._idle.get(origin)
+        if not idle:
+            return None, False
+        oldest_fresh = time.monotonic() - self._expiry
+        while idle:
+            connection = idle.pop()
+            if connection.idle_since < oldest_fresh:  # this one and all older ones expired
+                connection.close()
+                for older in idle:
+                    older.close()
+                idle.clear()
+                break
+            if connection.reusable:
+                return connection, True
+            connection.close()
+        return None, False
+
+    async def _connect(self, origin: _Origin, seconds: float | None) -> _Connection:
+        scheme, host, port = origin
+        context = self._context() if scheme == "https" else None
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(seconds):
+                _, connection = await loop.create_connection(
+                    _Connection, host, port, ssl=context, server_hostname=host if context else None
+                )
+        except TimeoutError:
+            raise httpx.ConnectTimeout(f"timed out connecting to {host}:{port}") from None
+        except OSError as exc:  # refused, unreachable, unknown host, TLS (ssl.SSLError)
+            raise httpx.ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+        return connection
+
+    def _context(self) -> ssl.SSLContext:
+        context = self._ssl
+        if context is None:
+            verify = self._verify
+            if isinstance(verify, ssl.SSLContext):
+                context = verify
+            else:
+                context = httpx.create_ssl_context(verify=verify)
+                context.set_alpn_protocols(["http/1.1"])
+            self._ssl = context
+        return context
+
+    def _release(self, origin: _Origin, connection: _Connection, *, reuse: bool) -> None:
+        """Called once per response: keep the connection for the next request, or close it."""
+        self._slots.give_back()
+        if reuse and not self._closed and connection.reusable:
+            connection.idle_since = time.monotonic()
+            self._idle.setdefault(origin, []).append(connection)
+        else:
+            connection.close()
+
+    async def aclose(self) -> None:
+        """Close the idle connections; connections of unread answers close when those do."""
+        self._closed = True
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._idle.clear()
+
+
+async def _body(request: httpx.Request) -> bytes:
+    try:
+        return request.content
+    except httpx.RequestNotRead:
+        return await request.aread()
+
+
+def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
+    """The request line, headers and body as written on the wire.
+
+    A body is always sent with its length: a ``Transfer-Encoding`` the request carries (httpx
+    adds one for streamed content) is replaced by ``Content-Length``, since the body was read
+    whole. Header names must be tokens, and no name or value may hold CR, LF or NUL.
+    """
+    url = request.url
+    parts = [request.method.encode("ascii"), b" ", url.raw_path, b" HTTP/1.1\r\n"]
+    lines = 2  # the request line and the blank line that ends the head
+    has_host = has_length = False
+    for name, value in request.headers.raw:
+        lower = name.lower()
+        if lower == b"transfer-encoding":
+            continue
+        if lower == b"content-length":
+            if has_length:
+                continue
+            has_length = True
+            value = b"%d" % len(body)
+        elif lower == b"host":
+            has_host = True
+        if _TOKEN.fullmatch(name) is None:
+            raise httpx.LocalProtocolError(f"invalid header name {name!r}")
+        parts += (name, b": ", value, b"\r\n")
+        lines += 1
+    if not has_host:
+        parts += (b"Host: ", url.netloc, b"\r\n")
+        lines += 1
+    if not has_length and (body or request.method not in ("GET", "HEAD")):
+        parts.append(b"Content-Length: %d\r\n" % len(body))
+        lines += 1
+    parts.append(b"\r\n")
+    head = b"".join(parts)
+    # every line ends in the one CRLF added here: any other CR or LF came from a value
+    if head.count(b"\r") != lines or head.count(b"\n") != lines or b"\0" in head:
+        raise httpx.LocalProtocolError("a header value holds CR, LF or NUL")
+    return head + body
+
+
+_Head = tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]
+
+
+async def _read_head(connection: _Connection, seconds: float | None) -> _Head:
+    """The status, reason, version and headers of the answer; interim ``1xx`` answers skipped."""
+    buffer = connection.buffer
+    while True:
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buffer) > _LIMIT_HEAD:
+                raise httpx.RemoteProtocolError("the response head is larger than 64 KiB")
+            await connection.receive(
+                seconds,
+                "the server closed the connection before the response ended"
+                if connection.buffer
+                else "the server disconnected without sending a response",
+            )
+            continue
+        head = _parse_head(bytes(buffer[:end]))
+        del buffer[: end + 4]
+        if head[0] == 101:
+            raise httpx.RemoteProtocolError("the server switched protocols, unasked")
+        if head[0] < 200:
+            continue  # 100 Continue, 103 Early Hints: the real answer follows
+        return head
+
+
+def _parse_head(data: bytes) -> _Head:
+    lines = data.split(b"\r\n")
+    version, _, rest = lines[0].partition(b" ")
+    code, _, reason = rest.partition(b" ")
+    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
+        raise httpx.RemoteProtocolError(f"not an HTTP/1.1 status line: {lines[0][:100]!r}")
+    headers: list[tuple[bytes, bytes]] = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or _TOKEN.fullmatch(name) is None:
+            raise httpx.RemoteProtocolError(f"malformed response header line {line[:100]!r}")
+        headers.append((name, value.strip(b" \t")))
+    return int(code), reason, version, headers
+
+
+def _framing(
+    method: str, status: int, version: bytes, headers: list[tuple[bytes, bytes]]
+) -> tuple[int | None, bool]:
+    """How the body ends and whether the connection can be reused after it (RFC 9112 §6.3).
+
+    The length is a byte count, ``-1`` for a chunked body, or ``None`` for a body that ends
+    with the connection.
+    """
+    lengths: set[bytes] = set()
+    codings = b""
+    connection = b""
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"content-length":
+            lengths.update(part.strip() for part in value.split(b","))
+        elif lower == b"transfer-encoding":
+            codings += b"," + value.lower()
+        elif lower == b"connection":
+            connection += b"," + value.lower()
+    tokens = {token.strip() for token in connection.split(b",")}
+    keep_alive = b"close" not in tokens and (version == b"HTTP/1.1" or b"keep-alive" in tokens)
+    if method == "HEAD" or status in _NO_BODY_STATUS:
+        return 0, keep_alive
+    if codings:
+        if codings.rsplit(b",", 1)[-1].strip() == b"chunked":
+            return -1, keep_alive and not lengths
+        return None, False
+    if lengths:
+        if len(lengths) > 1 or not all(length.isdigit() for length in lengths):
+            raise httpx.RemoteProtocolError(f"invalid Content-Length {sorted(lengths)!r}")
+        return int(lengths.pop()), keep_alive
+    return None, False
+
+
+class _Body(httpx.AsyncByteStream):
+    """The answer's body as it arrives; the connection goes back to the pool when it was read
+    to its end and closed, and is closed otherwise."""
+
+    def __init__(
+        self,
+        owner: LeanTransport,
+        origin: _Origin,
+        connection: _Connection,
+        length: int | None,
+        keep_alive: bool,
+        timeout: float | None,
+    ) -> None:
+        self._owner = owner
+        self._origin = origin
+        self._connection = connection
+        self._length = length
+        self._keep_alive = keep_alive
+        self._timeout = timeout
+        self._complete = length == 0
+        self._released = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._complete:
+            return
+        length = self._length
+        if length is None:
+            pieces = self._until_closed()
+        elif length < 0:
+            pieces = self._chunks()
+        else:
+            pieces = self._exactly(length)
+        async for piece in pieces:
+            yield piece
+        self._complete = True
+
+    async def _more(self) -> None:
+        await self._connection.receive(
+            self._timeout, "the server closed the connection before the response body ended"
+        )
+
+    async def _exactly(self, remaining: int) -> AsyncIterator[bytes]:
+        buffer = self._connection.buffer
+        while remaining:
+            if not buffer:
+                await self._more()
+                continue
+            if len(buffer) <= remaining:
+                piece = bytes(buffer)
+                buffer.clear()
+            else:
+                piece = bytes(buffer[:remaining])
+                del buffer[:remaining]
+            remaining -= len(piece)
+            yield piece
+
+    async def _until_closed(self) -> AsyncIterator[bytes]:
+        connection = self._connection
+        buffer = connection.buffer
+        while True:
+            if buffer:
+                piece = bytes(buffer)
+                buffer.clear()
+                yield piece
+            elif connection.eof:
+                if connection.error is not None:
+                    raise httpx.ReadError(_lost(connection.error, "the connection broke"))
+                return
+            else:
+                await connection.receive(self._timeout, "unreachable")
+
+    async def _line(self) -> bytes:
+        buffer = self._connection.buffer
+        while (end := buffer.find(b"\r\n")) < 0:
+            if len(buffer) > _LIMIT_CHUNK_LINE:
+                raise httpx.RemoteProtocolError("a chunk-size or trailer line is too long")
+            await self._more()
+        line = bytes(buffer[:end])
+        del buffer[: end + 2]
+        return line
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        buffer = self._connection.buffer
+        while True:
+            line = await self._line()
+            digits = line.split(b";", 1)[0].rstrip(b" \t")
+            if _HEX.fullmatch(digits) is None:
+                raise httpx.RemoteProtocolError(f"invalid chunk size line {line[:100]!r}")
+            size = int(digits, 16)
+            if size == 0:
+                while await self._line():  # trailers, until the blank line
+                    pass
+                return
+            while size:
+                if not buffer:
+                    await self._more()
+                    continue
+                take = min(size, len(buffer))
+                piece = bytes(buffer[:take])
+                del buffer[:take]
+                size -= take
+                yield piece
+            if await self._line():
+                raise httpx.RemoteProtocolError("a chunk is longer than its size says")
+
+    async def aclose(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._owner._release(
+            self._origin, self._connection, reuse=self._complete and self._keep_alive
+        )
