@@ -365,8 +365,10 @@ class AgentPlugin:
       configured provider).
     * ``http_transport``: a callable that makes the httpx transport of the configured
       provider's client, called once per start (the client closes it at shutdown): a proxy or
-      TLS setup, or a faster engine under many concurrent runs, e.g. ``AiohttpTransport`` of
-      ``httpx-aiohttp``. Default: httpx's own.
+      TLS setup, or a faster engine under many concurrent runs, e.g.
+      :class:`~agent_plugin.providers.LeanTransport` (HTTP/1.1 only, no proxies) or
+      ``AiohttpTransport`` of ``httpx-aiohttp``. Default: httpx's own, through the proxy the
+      environment names for the provider's URL.
     * ``session_store``: default the SQL store on ``database_url``. ``memory_store``: ``None``
       (the default) gives agents no memory, because a memory scope is shared by everyone who
       uses it; ``"sql"`` uses the SQL store on ``database_url``; or pass any store.

@@ -29,6 +29,7 @@ from agent_plugin.plugin import (
 )
 from agent_plugin.policy import ToolRules
 from agent_plugin.providers.base import ChatRequest, LlmClient
+from agent_plugin.providers.lean import LeanTransport
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
 from agent_plugin.sessions import InMemorySessionStore
 from agent_plugin.tools import ToolEffect, tool
@@ -855,6 +856,24 @@ async def test_the_provider_client_uses_the_apps_http_transport(tmp_path: Path) 
     assert len(made) == 2
     assert [str(r.url) for r in seen] == ["http://llm.internal/v1/chat/completions"] * 2
     assert seen[0].headers["authorization"] == "Bearer sk-x"
+
+
+async def test_lean_transport_serves_the_configured_provider(tmp_path: Path) -> None:
+    async with HttpServer() as model_server:
+        model_server.queue(*(reply_json(chat_completion(f"answer {n}")) for n in range(3)))
+        text = f'[agent]\nprovider = "openai"\nbase_url = "{model_server.url}/v1"\n'
+        plugin = make_plugin(
+            tmp_path, text, environ={"AGENT_API_KEY": "sk-x"}, http_transport=LeanTransport
+        )
+        async with serve(make_app(plugin)) as client:
+            answers = [
+                (await client.post("/run", json={"prompt": "hi"})).json()["text"] for _ in range(3)
+            ]
+        assert answers == ["answer 0", "answer 1", "answer 2"]
+        requests = model_server.requests
+        assert [r.path for r in requests] == ["/v1/chat/completions"] * 3
+        assert {r.connection for r in requests} == {1}  # one kept-alive connection
+        assert requests[0].headers["authorization"] == "Bearer sk-x"
 
 
 def chat_completion(text: str) -> dict[str, Any]:

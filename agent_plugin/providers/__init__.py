@@ -4,6 +4,9 @@
   LM Studio, llama.cpp, any compatible proxy);
 - :class:`AnthropicClient` — ``POST {base}/v1/messages``;
 - :class:`ScriptedModel` — a deterministic local model for tests and demos.
+
+:class:`LeanTransport` is an httpx transport for many concurrent runs (pass it to a wire client
+as ``transport=``, or ``AgentPlugin(http_transport=LeanTransport)``).
 """
 
 from importlib import import_module
@@ -25,11 +28,13 @@ from agent_plugin.providers.scripted import ScriptedModel, tool_call
 
 if TYPE_CHECKING:
     from agent_plugin.providers.anthropic import AnthropicClient
+    from agent_plugin.providers.lean import LeanTransport
     from agent_plugin.providers.openai import OpenAICompatibleClient
 
 # the wire clients (and httpx) load on first use, not with the core
 _LAZY = {
     "AnthropicClient": "agent_plugin.providers.anthropic",
+    "LeanTransport": "agent_plugin.providers.lean",
     "OpenAICompatibleClient": "agent_plugin.providers.openai",
 }
 
@@ -45,6 +50,7 @@ __all__ = [
     "AnthropicClient",
     "ChatRequest",
     "ChatResponse",
+    "LeanTransport",
     "LlmClient",
     "OpenAICompatibleClient",
     "RetryNotice",

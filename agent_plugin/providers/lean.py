@@ -43,6 +43,7 @@ _LIMIT_CHUNK_LINE: Final = 4096
 
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEX: Final = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_STATUS: Final = re.compile(rb"[1-9][0-9][0-9]")
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _NO_BODY_STATUS: Final = frozenset({204, 304})
 
@@ -240,9 +241,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 if scheme
                 else "the request URL has no scheme"
             )
-        if not url.host:
+        host = url.raw_host.decode("ascii")  # IDNA-encoded; IPv6 without brackets
+        if not host:
             raise httpx.UnsupportedProtocol("the request URL has no host")
-        origin = (scheme, url.host, url.port or port)
+        origin = (scheme, host, url.port or port)
         message = _request_bytes(request, await _body(request))
         timeouts = request.extensions.get("timeout", {})
         await self._slots.take(timeouts.get("pool"))
@@ -256,8 +258,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self, request: httpx.Request, origin: _Origin, message: bytes, timeouts: dict[str, float]
     ) -> httpx.Response:
         read_timeout = timeouts.get("read")
+        reuse = True
         while True:
-            connection, reused = self._pooled(origin)
+            connection = self._pooled(origin) if reuse else None
+            reused = connection is not None
             if connection is None:
                 connection = await self._connect(origin, timeouts.get("connect"))
             try:
@@ -266,8 +270,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 response = await _read_head(connection, read_timeout)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
                 connection.close()
-                # a kept-alive connection the server closed meanwhile: once more, on a new one
                 if reused and not connection.received:
+                    # a kept-alive connection the server closed meanwhile (the others idle
+                    # as long are likely closed too): once more, on a new connection
+                    self._drop_idle(origin)
+                    reuse = False
                     continue
                 raise
             except BaseException:
@@ -284,11 +291,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
             extensions={"http_version": version, "reason_phrase": reason},
         )
 
-    def _pooled(self, origin: _Origin) -> tuple[_Connection | None, bool]:
+    def _pooled(self, origin: _Origin) -> _Connection | None:
         """An idle connection to ``origin`` fit for reuse, newest first; expired ones close."""
         idle = self._idle.get(origin)
         if not idle:
-            return None, False
+            return None
         oldest_fresh = time.monotonic() - self._expiry
         while idle:
             connection = idle.pop()
@@ -299,9 +306,13 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 idle.clear()
                 break
             if connection.reusable:
-                return connection, True
+                return connection
             connection.close()
-        return None, False
+        return None
+
+    def _drop_idle(self, origin: _Origin) -> None:
+        for connection in self._idle.pop(origin, ()):
+            connection.close()
 
     async def _connect(self, origin: _Origin, seconds: float | None) -> _Connection:
         scheme, host, port = origin
@@ -426,7 +437,7 @@ def _parse_head(data: bytes) -> _Head:
     lines = data.split(b"\r\n")
     version, _, rest = lines[0].partition(b" ")
     code, _, reason = rest.partition(b" ")
-    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
+    if version not in (b"HTTP/1.1", b"HTTP/1.0") or not _STATUS.fullmatch(code):
         raise httpx.RemoteProtocolError(f"not an HTTP/1.1 status line: {lines[0][:100]!r}")
     headers: list[tuple[bytes, bytes]] = []
     for line in lines[1:]:
