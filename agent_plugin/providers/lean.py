@@ -245,17 +245,24 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if not host:
             raise httpx.UnsupportedProtocol("the request URL has no host")
         origin = (scheme, host, url.port or port)
-        message = _request_bytes(request, await _body(request))
+        message, closing = _request_bytes(request, await _body(request))
         timeouts = request.extensions.get("timeout", {})
         await self._slots.take(timeouts.get("pool"))
         try:
-            return await self._exchange(request, origin, message, timeouts)
+            if self._closed:  # while this request waited for a slot
+                raise RuntimeError("this LeanTransport is closed")
+            return await self._exchange(request, origin, message, closing, timeouts)
         except BaseException:
             self._slots.give_back()
             raise
 
     async def _exchange(
-        self, request: httpx.Request, origin: _Origin, message: bytes, timeouts: dict[str, float]
+        self,
+        request: httpx.Request,
+        origin: _Origin,
+        message: bytes,
+        closing: bool,
+        timeouts: dict[str, float],
     ) -> httpx.Response:
         read_timeout = timeouts.get("read")
         reuse = True
@@ -267,7 +274,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
             try:
                 connection.send(message)
                 await connection.drain(timeouts.get("write"))
-                response = await _read_head(connection, read_timeout)
+                status, reason, version, headers = await _read_head(connection, read_timeout)
+                length, keep_alive = _framing(request.method, status, version, headers)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
                 connection.close()
                 if reused and not connection.received:
@@ -281,9 +289,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 connection.close()
                 raise
             break
-        status, reason, version, headers = response
-        length, keep_alive = _framing(request.method, status, version, headers)
-        stream = _Body(self, origin, connection, length, keep_alive, read_timeout)
+        stream = _Body(self, origin, connection, length, keep_alive and not closing, read_timeout)
         return httpx.Response(
             status,
             headers=headers,
@@ -366,17 +372,21 @@ async def _body(request: httpx.Request) -> bytes:
         return await request.aread()
 
 
-def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
-    """The request line, headers and body as written on the wire.
+def _request_bytes(request: httpx.Request, body: bytes) -> tuple[bytes, bool]:
+    """The request line, headers and body as written on the wire, and whether the request
+    asks to close the connection after the answer (``Connection: close``).
 
     A body is always sent with its length: a ``Transfer-Encoding`` the request carries (httpx
     adds one for streamed content) is replaced by ``Content-Length``, since the body was read
-    whole. Header names must be tokens, and no name or value may hold CR, LF or NUL.
+    whole. The method and header names must be tokens, and no value may hold CR, LF or NUL.
     """
     url = request.url
-    parts = [request.method.encode("ascii"), b" ", url.raw_path, b" HTTP/1.1\r\n"]
+    method = request.method.encode("ascii", "replace")
+    if _TOKEN.fullmatch(method) is None:
+        raise httpx.LocalProtocolError(f"invalid request method {request.method!r}")
+    parts = [method, b" ", url.raw_path, b" HTTP/1.1\r\n"]
     lines = 2  # the request line and the blank line that ends the head
-    has_host = has_length = False
+    has_host = has_length = closing = False
     for name, value in request.headers.raw:
         lower = name.lower()
         if lower == b"transfer-encoding":
@@ -388,6 +398,8 @@ def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
             value = b"%d" % len(body)
         elif lower == b"host":
             has_host = True
+        elif lower == b"connection":
+            closing = closing or b"close" in _tokens(value)
         if _TOKEN.fullmatch(name) is None:
             raise httpx.LocalProtocolError(f"invalid header name {name!r}")
         parts += (name, b": ", value, b"\r\n")
@@ -403,7 +415,12 @@ def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
     # every line ends in the one CRLF added here: any other CR or LF came from a value
     if head.count(b"\r") != lines or head.count(b"\n") != lines or b"\0" in head:
         raise httpx.LocalProtocolError("a header value holds CR, LF or NUL")
-    return head + body
+    return head + body, closing
+
+
+def _tokens(value: bytes) -> list[bytes]:
+    """The lower-cased, non-empty items of a comma-separated header value."""
+    return [item for token in value.lower().split(b",") if (item := token.strip(b" \t"))]
 
 
 _Head = tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]
@@ -414,6 +431,8 @@ async def _read_head(connection: _Connection, seconds: float | None) -> _Head:
     buffer = connection.buffer
     while True:
         end = buffer.find(b"\r\n\r\n")
+        if end > _LIMIT_HEAD:
+            raise httpx.RemoteProtocolError("the response head is larger than 64 KiB")
         if end < 0:
             if len(buffer) > _LIMIT_HEAD:
                 raise httpx.RemoteProtocolError("the response head is larger than 64 KiB")
@@ -434,6 +453,9 @@ async def _read_head(connection: _Connection, seconds: float | None) -> _Head:
 
 
 def _parse_head(data: bytes) -> _Head:
+    crlf = data.count(b"\r\n")
+    if data.count(b"\r") != crlf or data.count(b"\n") != crlf or b"\0" in data:
+        raise httpx.RemoteProtocolError("the response head holds a bare CR or LF, or a NUL")
     lines = data.split(b"\r\n")
     version, _, rest = lines[0].partition(b" ")
     code, _, reason = rest.partition(b" ")
@@ -441,6 +463,10 @@ def _parse_head(data: bytes) -> _Head:
         raise httpx.RemoteProtocolError(f"not an HTTP/1.1 status line: {lines[0][:100]!r}")
     headers: list[tuple[bytes, bytes]] = []
     for line in lines[1:]:
+        if line[:1] in (b" ", b"\t") and headers:  # obsolete line folding: one space (RFC 9112)
+            name, value = headers[-1]
+            headers[-1] = (name, (value + b" " + line.strip(b" \t")).strip(b" \t"))
+            continue
         name, colon, value = line.partition(b":")
         if not colon or _TOKEN.fullmatch(name) is None:
             raise httpx.RemoteProtocolError(f"malformed response header line {line[:100]!r}")
@@ -457,24 +483,23 @@ def _framing(
     with the connection.
     """
     lengths: set[bytes] = set()
-    codings = b""
-    connection = b""
+    codings: list[bytes] = []
+    tokens: list[bytes] = []
     for name, value in headers:
         lower = name.lower()
         if lower == b"content-length":
             lengths.update(part.strip() for part in value.split(b","))
         elif lower == b"transfer-encoding":
-            codings += b"," + value.lower()
+            codings += _tokens(value)
         elif lower == b"connection":
-            connection += b"," + value.lower()
-    tokens = {token.strip() for token in connection.split(b",")}
+            tokens += _tokens(value)
     keep_alive = b"close" not in tokens and (version == b"HTTP/1.1" or b"keep-alive" in tokens)
     if method == "HEAD" or status in _NO_BODY_STATUS:
         return 0, keep_alive
     if codings:
-        if codings.rsplit(b",", 1)[-1].strip() == b"chunked":
-            return -1, keep_alive and not lengths
-        return None, False
+        if codings != [b"chunked"]:  # as h11: a body in another transfer coding is not read
+            raise httpx.RemoteProtocolError(f"unsupported Transfer-Encoding {codings!r}")
+        return -1, keep_alive and not lengths
     if lengths:
         if len(lengths) > 1 or not all(length.isdigit() for length in lengths):
             raise httpx.RemoteProtocolError(f"invalid Content-Length {sorted(lengths)!r}")
