@@ -124,28 +124,38 @@ async def hand_loop(model: InstantModel) -> None:
         messages.append(ChatMessage.tool_results(results))
 
 
-async def cpu_of(fn: Any, subject: Any) -> float:
-    """The least CPU µs of one run over REPEATS runs (after a warm-up run): on a shared
-    machine the minimum is the most repeatable estimate of the work itself."""
+async def _cpu_us(fn: Any, subject: Any) -> float:
+    gc.collect()
+    start = time.process_time()
     await fn(subject)
-    samples = []
-    for _ in range(REPEATS):
-        gc.collect()
-        start = time.process_time()
-        await fn(subject)
-        samples.append((time.process_time() - start) * 1e6)
-    return min(samples)
+    return (time.process_time() - start) * 1e6
 
 
 async def measure() -> tuple[dict[str, float], list[dict[str, float]]]:
-    fixed = {
-        "agent_us": await cpu_of(agent_run, agent_for(0)),
-        "hand_loop_us": await cpu_of(hand_loop, InstantModel(0)),
-    }
+    """The least CPU µs of each run over REPEATS rounds, every subject once per round (after a
+    warm-up run of each): interleaving spreads the machine's noise evenly over the subjects,
+    and on a shared machine the minimum is the most repeatable estimate of the work itself.
+    Per step: (T(N) - T(0)) / N, T(0) being a run answered at once."""
+    subjects = [
+        (who, steps, fn, subject)
+        for steps in (0, *STEPS)
+        for who, fn, subject in (
+            ("agent_us", agent_run, agent_for(steps)),
+            ("hand_loop_us", hand_loop, InstantModel(steps)),
+        )
+    ]
+    least: dict[tuple[str, int], float] = {}
+    for _, _, fn, subject in subjects:
+        await fn(subject)
+    for _ in range(REPEATS):
+        for who, steps, fn, subject in subjects:
+            cpu = await _cpu_us(fn, subject)
+            least[who, steps] = min(cpu, least.get((who, steps), cpu))
+    fixed = {who: least[who, 0] for who in ("agent_us", "hand_loop_us")}
     rows = []
     for steps in STEPS:
-        ours = (await cpu_of(agent_run, agent_for(steps)) - fixed["agent_us"]) / steps
-        base = (await cpu_of(hand_loop, InstantModel(steps)) - fixed["hand_loop_us"]) / steps
+        ours = (least["agent_us", steps] - fixed["agent_us"]) / steps
+        base = (least["hand_loop_us", steps] - fixed["hand_loop_us"]) / steps
         rows.append({"steps": steps, "agent_us": ours, "hand_loop_us": base, "ratio": ours / base})
     return fixed, rows
 
