@@ -9,11 +9,11 @@ JSON encoded earlier into a body, and :class:`EncodedCache` keeps such encodings
 from __future__ import annotations
 
 import asyncio
+import base64
 import codecs
 import contextlib
 import json
 import re
-import urllib.request
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from typing import Any, Final, TypeVar
 import httpx
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
+from agent_plugin.providers.proxies import environment_proxy
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_after, retry_call
 from agent_plugin.redaction import REDACTED, scrub
 
@@ -212,7 +213,7 @@ def _host(base_url: str) -> str:
     try:
         return httpx.URL(base_url).host.lower()
     except httpx.InvalidURL:
-        return ""  # not judged here; the first request reports the bad URL
+        return ""  # not judged here; HttpTransport refuses it with a Config error
 
 
 def _model_ids(data: object, provider: str) -> list[str]:
@@ -355,28 +356,40 @@ class HttpTransport:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.provider = provider
-        self.base_url = base_url.rstrip("/")
+        try:
+            url = httpx.URL(base_url.rstrip("/"))
+        except httpx.InvalidURL as exc:
+            raise AgentError.config(f"{provider} base_url is not a valid URL: {exc}") from None
+        common = httpx.Headers(_DEFAULT_HEADERS)
+        common.update(headers)  # names compare case-insensitively, as AsyncClient merged them
+        if url.userinfo:  # user:password@ in the URL is Basic auth, as httpx reads it
+            if "authorization" not in common:
+                pair = f"{url.username}:{url.password}".encode()
+                common["authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+            url = url.copy_with(username=None, password=None)
+        self.base_url = str(url)
         self.retry = retry
         self._secret = secret
-        self._transport = transport or httpx.AsyncHTTPTransport(
-            proxy=environment_proxy(self.base_url)
+        self._transport = (
+            transport
+            if transport is not None
+            else httpx.AsyncHTTPTransport(proxy=environment_proxy(url))
         )
-        common = {**_DEFAULT_HEADERS, **headers}
-        self._headers = {
-            "GET": httpx.Headers(common),
-            "POST": httpx.Headers({**common, "content-type": "application/json"}),
-            "SSE": httpx.Headers(
-                {**common, "content-type": "application/json", "accept": "text/event-stream"}
-            ),
-        }
+        post = httpx.Headers(common)
+        post["content-type"] = "application/json"
+        sse = httpx.Headers(post)
+        sse["accept"] = "text/event-stream"
+        self._headers = {"GET": common, "POST": post, "SSE": sse}
         self._extensions = {"timeout": httpx.Timeout(timeout).as_dict()}
         self._urls: dict[str, httpx.URL] = {}
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"HttpTransport(provider={self.provider!r}, base_url={self.base_url!r})"
 
     async def aclose(self) -> None:
-        """Close the pooled connections."""
+        """Close the pooled connections; requests after this fail."""
+        self._closed = True
         await self._transport.aclose()
 
     async def get_json(
@@ -477,6 +490,10 @@ class HttpTransport:
         )
 
     async def _send(self, request: httpx.Request) -> httpx.Response:
+        if self._closed:
+            raise AgentError(
+                ErrorKind.INTERNAL, f"the {self.provider} client is closed", provider=self.provider
+            )
         try:
             return await self._transport.handle_async_request(request)
         except httpx.HTTPError as exc:
@@ -577,17 +594,6 @@ _DEFAULT_HEADERS: Mapping[str, str] = {
     "accept-encoding": "gzip, deflate",
     "user-agent": "fastapi-agent-plugin",
 }
-
-
-def environment_proxy(base_url: str) -> str | None:
-    """The proxy URL the environment names for ``base_url``, as httpx reads it: the scheme's
-    ``<SCHEME>_PROXY`` or else ``ALL_PROXY``, unless ``NO_PROXY`` lists the host (or ``*``)."""
-    url = httpx.URL(base_url)
-    proxies = urllib.request.getproxies()
-    proxy = proxies.get(url.scheme) or proxies.get("all")
-    if not proxy or urllib.request.proxy_bypass(url.host):
-        return None
-    return proxy if "://" in proxy else f"http://{proxy}"
 
 
 _OpenStream = tuple[

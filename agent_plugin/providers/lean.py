@@ -11,13 +11,16 @@ a fraction of that; the public API stays httpx (it is an :class:`httpx.AsyncBase
     client = OpenAICompatibleClient(model="gpt-4o-mini", transport=LeanTransport())
 
 What it does: HTTP and HTTPS (certificates checked as httpx checks them, or with the
-``verify`` context you give), keep-alive with an idle expiry, a bound on connections, httpx's
-timeouts (connect, read, write, pool) from the request, bodies framed by length, chunked or by
-the connection's end, interim ``1xx`` answers skipped, one retry on a fresh connection when a
-kept-alive one turns out closed before any byte of the answer arrived. What it does not do:
-proxies, HTTP/2, upgrades, ``Expect: 100-continue``, streamed request bodies (a body is read
-whole before it is sent, as the wire clients build it anyway). For those, use httpx's own
-transport.
+``verify`` context you give; IPv6 and IPv4 raced), keep-alive with an idle expiry, a bound on
+connections, httpx's timeouts (connect, read, write, pool) from the request, bodies framed by
+length, chunked or by the connection's end, interim ``1xx`` answers skipped, reading paused
+while 1 MiB of an answer waits unread. A kept-alive connection that the server turns out to
+have closed (it closes within a second of the request, before any byte of the answer) is
+replaced and the request sent once more; later than that only idempotent requests are, since
+the server may have acted on the request. A failed exchange drops its connection at once.
+What it does not do: proxies, HTTP/2, upgrades, ``Expect: 100-continue``, streamed request
+bodies (a body is read whole before it is sent, as the wire clients build it anyway). For
+those, use httpx's own transport. One transport serves one event loop.
 """
 
 from __future__ import annotations
@@ -41,6 +44,18 @@ _LIMIT_HEAD: Final = 64 * 1024
 _LIMIT_CHUNK_LINE: Final = 4096
 """The longest chunk-size line (with extensions) or trailer line."""
 
+_READ_AHEAD: Final = 1024 * 1024
+"""Bytes received and not yet read beyond which the socket stops being read (TCP then slows
+the server down, as when httpx reads on demand)."""
+
+_STALE_WINDOW: Final = 1.0
+"""Seconds after sending within which a kept-alive connection that closes without answering
+counts as one the server had closed while it sat idle (it answers such a request at once with
+its FIN or a reset), so the request goes again on a new connection. Later, the server may
+have acted on the request: the error is raised, for the caller's own retry policy."""
+
+_IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEX: Final = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _STATUS: Final = re.compile(rb"[1-9][0-9][0-9]")
@@ -59,6 +74,8 @@ class _Connection(asyncio.Protocol):
         self.eof = False
         self.error: Exception | None = None
         self.idle_since = 0.0
+        self.sent_at = 0.0
+        self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._drained: asyncio.Future[None] | None = None
 
@@ -71,6 +88,9 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         self.received = True
+        if len(self.buffer) > _READ_AHEAD and not self._paused and self.transport is not None:
+            self.transport.pause_reading()
+            self._paused = True
         self._wake()
 
     def eof_received(self) -> bool:
@@ -117,6 +137,7 @@ class _Connection(asyncio.Protocol):
         if transport is None:
             raise httpx.WriteError(_lost(self.error, "the connection was closed"))
         self.received = False
+        self.sent_at = time.monotonic()
         transport.write(data)
 
     async def drain(self, seconds: float | None) -> None:
@@ -128,7 +149,7 @@ class _Connection(asyncio.Protocol):
             async with asyncio.timeout(seconds):
                 await asyncio.shield(drained)
         except TimeoutError:
-            self.close()
+            self.abort()
             raise httpx.WriteTimeout("timed out sending the request") from None
         if self.transport is None:
             raise httpx.WriteError(_lost(self.error, "the connection was closed while sending"))
@@ -139,6 +160,9 @@ class _Connection(asyncio.Protocol):
             if self.error is not None:
                 raise httpx.ReadError(_lost(self.error, what))
             raise httpx.RemoteProtocolError(what)
+        if self._paused and self.transport is not None:
+            self.transport.resume_reading()
+            self._paused = False
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
         timer = None if seconds is None else loop.call_later(seconds, _expire, waiter)
@@ -148,11 +172,22 @@ class _Connection(asyncio.Protocol):
             self._waiter = None
             if timer is not None:
                 timer.cancel()
+            if waiter.done() and not waiter.cancelled():
+                waiter.exception()  # a timeout that lost the race to a cancellation: seen
 
     def close(self) -> None:
+        """Close once what was written is sent (an idle connection, or one read to its end)."""
         transport = self.transport
         if transport is not None:
             transport.close()
+        self.eof = True
+
+    def abort(self) -> None:
+        """Close at once, dropping unsent bytes (a failed or abandoned exchange): a server that
+        stopped reading must not keep the socket and its buffers alive."""
+        transport = self.transport
+        if transport is not None:
+            transport.abort()
         self.eof = True
 
 
@@ -163,6 +198,23 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 def _lost(error: BaseException | None, what: str) -> str:
     return f"{what}: {error}" if error is not None else what
+
+
+def _take(buffer: bytearray, size: int) -> bytes:
+    """The first ``size`` bytes of ``buffer`` (all of it when shorter), removed from it."""
+    if size >= len(buffer):
+        piece = bytes(buffer)
+        buffer.clear()
+        return piece
+    with memoryview(buffer) as view:
+        piece = view[:size].tobytes()  # one copy, not a bytearray slice and then bytes
+    del buffer[:size]
+    return piece
+
+
+def _stale(method: str, connection: _Connection) -> bool:
+    """Whether a kept-alive connection that closed before any answer may be retried."""
+    return method in _IDEMPOTENT or time.monotonic() - connection.sent_at < _STALE_WINDOW
 
 
 class _Slots:
@@ -277,16 +329,16 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 status, reason, version, headers = await _read_head(connection, read_timeout)
                 length, keep_alive = _framing(request.method, status, version, headers)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-                connection.close()
-                if reused and not connection.received:
-                    # a kept-alive connection the server closed meanwhile (the others idle
-                    # as long are likely closed too): once more, on a new connection
-                    self._drop_idle(origin)
+                connection.abort()
+                if reused and not connection.received and _stale(request.method, connection):
+                    # a kept-alive connection the server had closed (those idle as long or
+                    # longer are likely closed too): once more, on a new connection
+                    self._drop_idle(origin, connection.idle_since)
                     reuse = False
                     continue
                 raise
             except BaseException:
-                connection.close()
+                connection.abort()
                 raise
             break
         stream = _Body(self, origin, connection, length, keep_alive and not closing, read_timeout)
@@ -298,27 +350,27 @@ class LeanTransport(httpx.AsyncBaseTransport):
         )
 
     def _pooled(self, origin: _Origin) -> _Connection | None:
-        """An idle connection to ``origin`` fit for reuse, newest first; expired ones close."""
+        """The newest idle connection to ``origin`` fit for reuse; expired ones close."""
         idle = self._idle.get(origin)
         if not idle:
             return None
-        oldest_fresh = time.monotonic() - self._expiry
+        self._drop_idle(origin, time.monotonic() - self._expiry)
         while idle:
             connection = idle.pop()
-            if connection.idle_since < oldest_fresh:  # this one and all older ones expired
-                connection.close()
-                for older in idle:
-                    older.close()
-                idle.clear()
-                break
             if connection.reusable:
                 return connection
             connection.close()
         return None
 
-    def _drop_idle(self, origin: _Origin) -> None:
-        for connection in self._idle.pop(origin, ()):
-            connection.close()
+    def _drop_idle(self, origin: _Origin, since: float) -> None:
+        """Close the idle connections to ``origin`` idle since ``since`` or longer (the list
+        runs from the longest idle to the newest)."""
+        idle = self._idle.get(origin, [])
+        count = 0
+        while count < len(idle) and idle[count].idle_since <= since:
+            idle[count].close()
+            count += 1
+        del idle[:count]
 
     async def _connect(self, origin: _Origin, seconds: float | None) -> _Connection:
         scheme, host, port = origin
@@ -326,13 +378,28 @@ class LeanTransport(httpx.AsyncBaseTransport):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(seconds):
-                _, connection = await loop.create_connection(
-                    _Connection, host, port, ssl=context, server_hostname=host if context else None
+                transport, connection = await loop.create_connection(
+                    _Connection,
+                    host,
+                    port,
+                    ssl=context,
+                    server_hostname=host if context else None,
+                    happy_eyeballs_delay=0.25,  # IPv6 and IPv4 raced, as httpx's engine does
+                    interleave=1,
                 )
         except TimeoutError:
             raise httpx.ConnectTimeout(f"timed out connecting to {host}:{port}") from None
-        except OSError as exc:  # refused, unreachable, unknown host, TLS (ssl.SSLError)
+        except (OSError, UnicodeError) as exc:  # refused, unreachable, unknown host, TLS, IDNA
             raise httpx.ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+        if context is not None:
+            ssl_object = transport.get_extra_info("ssl_object")
+            chosen = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
+            if chosen not in (None, "http/1.1"):
+                connection.abort()
+                raise httpx.ConnectError(
+                    f"{host}:{port} chose {chosen!r}; LeanTransport speaks only HTTP/1.1 (an SSL"
+                    " context of your own must not offer other protocols by ALPN)"
+                )
         return connection
 
     def _context(self) -> ssl.SSLContext:
@@ -347,14 +414,20 @@ class LeanTransport(httpx.AsyncBaseTransport):
             self._ssl = context
         return context
 
-    def _release(self, origin: _Origin, connection: _Connection, *, reuse: bool) -> None:
-        """Called once per response: keep the connection for the next request, or close it."""
+    def _release(
+        self, origin: _Origin, connection: _Connection, *, complete: bool, reuse: bool
+    ) -> None:
+        """Called once per response: keep the connection for the next request, or close it
+        (at once when its answer was left unfinished)."""
         self._slots.give_back()
-        if reuse and not self._closed and connection.reusable:
-            connection.idle_since = time.monotonic()
+        if reuse and complete and not self._closed and connection.reusable:
+            now = connection.idle_since = time.monotonic()
             self._idle.setdefault(origin, []).append(connection)
-        else:
+            self._drop_idle(origin, now - self._expiry)
+        elif complete:
             connection.close()
+        else:
+            connection.abort()
 
     async def aclose(self) -> None:
         """Close the idle connections; connections of unread answers close when those do."""
@@ -429,13 +502,15 @@ _Head = tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]
 async def _read_head(connection: _Connection, seconds: float | None) -> _Head:
     """The status, reason, version and headers of the answer; interim ``1xx`` answers skipped."""
     buffer = connection.buffer
+    searched = 0  # bytes known to hold no end of head but the last three
     while True:
-        end = buffer.find(b"\r\n\r\n")
+        end = buffer.find(b"\r\n\r\n", searched)
         if end > _LIMIT_HEAD:
             raise httpx.RemoteProtocolError("the response head is larger than 64 KiB")
         if end < 0:
             if len(buffer) > _LIMIT_HEAD:
                 raise httpx.RemoteProtocolError("the response head is larger than 64 KiB")
+            searched = max(0, len(buffer) - 3)
             await connection.receive(
                 seconds,
                 "the server closed the connection before the response ended"
@@ -443,8 +518,9 @@ async def _read_head(connection: _Connection, seconds: float | None) -> _Head:
                 else "the server disconnected without sending a response",
             )
             continue
-        head = _parse_head(bytes(buffer[:end]))
-        del buffer[: end + 4]
+        head = _parse_head(_take(buffer, end))
+        del buffer[:4]
+        searched = 0
         if head[0] == 101:
             raise httpx.RemoteProtocolError("the server switched protocols, unasked")
         if head[0] < 200:
@@ -554,12 +630,7 @@ class _Body(httpx.AsyncByteStream):
             if not buffer:
                 await self._more()
                 continue
-            if len(buffer) <= remaining:
-                piece = bytes(buffer)
-                buffer.clear()
-            else:
-                piece = bytes(buffer[:remaining])
-                del buffer[:remaining]
+            piece = _take(buffer, remaining)
             remaining -= len(piece)
             yield piece
 
@@ -584,8 +655,8 @@ class _Body(httpx.AsyncByteStream):
             if len(buffer) > _LIMIT_CHUNK_LINE:
                 raise httpx.RemoteProtocolError("a chunk-size or trailer line is too long")
             await self._more()
-        line = bytes(buffer[:end])
-        del buffer[: end + 2]
+        line = _take(buffer, end)
+        del buffer[:2]
         return line
 
     async def _chunks(self) -> AsyncIterator[bytes]:
@@ -604,10 +675,8 @@ class _Body(httpx.AsyncByteStream):
                 if not buffer:
                     await self._more()
                     continue
-                take = min(size, len(buffer))
-                piece = bytes(buffer[:take])
-                del buffer[:take]
-                size -= take
+                piece = _take(buffer, size)
+                size -= len(piece)
                 yield piece
             if await self._line():
                 raise httpx.RemoteProtocolError("a chunk is longer than its size says")
@@ -617,5 +686,5 @@ class _Body(httpx.AsyncByteStream):
             return
         self._released = True
         self._owner._release(
-            self._origin, self._connection, reuse=self._complete and self._keep_alive
+            self._origin, self._connection, complete=self._complete, reuse=self._keep_alive
         )

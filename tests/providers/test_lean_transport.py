@@ -12,6 +12,7 @@ import contextlib
 import gzip
 import ipaddress
 import itertools
+import json
 import socket
 import ssl
 import string
@@ -34,6 +35,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent_plugin.providers import lean as lean_module
 from agent_plugin.providers.lean import LeanTransport
 
 # --- a raw-bytes scripted server -----------------------------------------------------------------
@@ -684,6 +686,46 @@ async def test_reused_connection_closed_mid_answer_is_not_retried(
     assert server.paths() == [(1, b"/1"), (1, b"/2")]  # seen once: no retry
 
 
+async def test_a_post_the_server_held_before_closing_is_not_sent_again(
+    lean: LeanTransport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # past the stale window the server may have acted on it: the caller's retry policy decides
+    monkeypatch.setattr(lean_module, "_STALE_WINDOW", 0.05)
+    async with RawServer((OK,), (0.15, "close")) as server:
+        await fetch(lean, server.url + "/1")
+        with pytest.raises(httpx.RemoteProtocolError):
+            await fetch(lean, server.url + "/2", "POST", content=b"x")
+    assert server.paths() == [(1, b"/1"), (1, b"/2")]
+
+
+async def test_an_idempotent_request_is_sent_again_even_after_the_window(
+    lean: LeanTransport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lean_module, "_STALE_WINDOW", 0.05)
+    async with RawServer((OK,), (0.15, "close")) as server:
+        await fetch(lean, server.url + "/1")
+        _, body = await fetch(lean, server.url + "/2")
+    assert body == b"ok"
+    assert server.paths() == [(1, b"/1"), (1, b"/2"), (2, b"/2")]
+
+
+async def test_connections_idle_past_the_expiry_close_while_newer_ones_serve(
+    make: MakeLean,
+) -> None:
+    transport = make(keepalive_expiry=0.1)
+    release = asyncio.Event()
+    async with RawServer((release, OK), (release, OK), (release, OK)) as server:
+        burst = [asyncio.create_task(fetch(transport, server.url)) for _ in range(3)]
+        await wait_until(lambda: len(server.requests) == 3)
+        release.set()
+        await asyncio.gather(*burst)
+        for _ in range(5):  # steady traffic keeps reusing the newest connection
+            await fetch(transport, server.url)
+            await asyncio.sleep(0.04)
+        closed = [await server.saw_eof(n, within=0.3) for n in (1, 2, 3)]
+    assert sorted(closed) == [False, True, True]
+
+
 async def test_stale_retry_happens_once_on_a_fresh_connection(make: MakeLean) -> None:
     release = asyncio.Event()
 
@@ -918,6 +960,22 @@ async def test_read_timeout_is_per_read_not_for_the_whole_body(lean: LeanTranspo
     assert body == b"abcdefgh"  # ~0.3 s in all, each wait under 0.15 s
 
 
+async def test_an_unread_body_stops_the_socket_being_read(lean: LeanTransport) -> None:
+    body = bytes(range(256)) * (8 * 4096)  # 8 MiB
+    async with RawServer((response(body),)) as server:
+        answer = await lean.handle_async_request(build(server.url))
+        stream = answer.stream
+        assert isinstance(stream, lean_module._Body)
+        await asyncio.sleep(0.2)  # the server writes as fast as it may
+        assert len(stream._connection.buffer) < 2 * lean_module._READ_AHEAD
+        assert await read_raw(answer) == body  # reading resumes, nothing lost
+
+
+async def test_a_host_idna_cannot_encode_is_a_connect_error(lean: LeanTransport) -> None:
+    with pytest.raises(httpx.ConnectError):
+        await fetch(lean, f"http://{'a' * 64}.example/")
+
+
 async def test_connection_refused_is_a_connect_error(lean: LeanTransport) -> None:
     with pytest.raises(httpx.ConnectError):
         await fetch(lean, f"http://127.0.0.1:{free_port()}/")
@@ -990,6 +1048,40 @@ async def test_write_timeout_when_the_server_does_not_read(lean: LeanTransport) 
         stalled.set()
         server.close()
         await asyncio.sleep(0.01)
+        await server.wait_closed()
+
+
+async def test_a_write_timeout_drops_the_unsent_bytes_at_once(lean: LeanTransport) -> None:
+    # close() would keep the socket and ~30 MB of buffers until the server read them all
+    stalled = asyncio.Event()
+    received: list[int] = []
+
+    async def read_late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await stalled.wait()
+        total = 0
+        with contextlib.suppress(ConnectionError):
+            while chunk := await reader.read(1 << 20):
+                total += len(chunk)
+        received.append(total)
+        writer.close()
+
+    server = await asyncio.start_server(read_late, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(httpx.WriteTimeout):
+            await fetch(
+                lean,
+                f"http://127.0.0.1:{port}/",
+                "POST",
+                content=b"w" * 32_000_000,
+                timing=timeouts(write=0.1),
+            )
+        stalled.set()
+        await wait_until(lambda: bool(received), within=2.0)
+        assert received[0] < 32_000_000  # the rest was dropped, not sent on after the error
+    finally:
+        stalled.set()
+        server.close()
         await server.wait_closed()
 
 
@@ -1410,6 +1502,8 @@ async def test_cancelled_while_reading_the_body(make: MakeLean) -> None:
 class Tls:
     server: ssl.SSLContext
     client: ssl.SSLContext
+    folder: Path  # cert.pem and key.pem of the server
+    ca_pem: str
 
 
 def _name(common_name: str) -> x509.Name:
@@ -1476,8 +1570,9 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
     )
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.load_cert_chain(folder / "cert.pem", folder / "key.pem")
-    client = ssl.create_default_context(cadata=ca.public_bytes(serialization.Encoding.PEM).decode())
-    return Tls(server, client)
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM).decode()
+    client = ssl.create_default_context(cadata=ca_pem)
+    return Tls(server, client, folder, ca_pem)
 
 
 async def test_https_with_a_trusted_ca(make: MakeLean, tls: Tls) -> None:
@@ -1508,6 +1603,21 @@ async def test_https_with_default_verification_rejects_an_unknown_ca(
     async with RawServer(tls=tls.server) as server:
         with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
             await fetch(lean, f"https://localhost:{server.port}/")
+        assert server.requests == []
+
+
+async def test_https_refuses_a_protocol_other_than_http11_chosen_by_alpn(
+    make: MakeLean, tls: Tls
+) -> None:
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(tls.folder / "cert.pem", tls.folder / "key.pem")
+    server_context.set_alpn_protocols(["h2"])
+    client_context = ssl.create_default_context(cadata=tls.ca_pem)
+    client_context.set_alpn_protocols(["h2", "http/1.1"])  # a context shared with an h2 client
+    transport = make(verify=client_context)
+    async with RawServer(tls=server_context) as server:
+        with pytest.raises(httpx.ConnectError, match=r"only HTTP/1\.1"):
+            await fetch(transport, f"https://localhost:{server.port}/")
         assert server.requests == []
 
 
@@ -1586,7 +1696,8 @@ async def test_through_async_client() -> None:
             got = await client.get("/a", params={"q": "1"})
             assert (got.status_code, got.text) == (200, "GET /a?q=1 HTTP/1.1|")
             got = await client.post("/b", json={"k": "v"})
-            assert got.text == 'POST /b HTTP/1.1|{"k":"v"}'
+            line, _, sent = got.text.partition("|")
+            assert (line, json.loads(sent)) == ("POST /b HTTP/1.1", {"k": "v"})
             async with client.stream("PUT", "/c", content=b"streamed") as streamed:
                 text = b"".join([piece async for piece in streamed.aiter_bytes()])
             assert text == b"PUT /c HTTP/1.1|streamed"

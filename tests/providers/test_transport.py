@@ -14,8 +14,9 @@ import httpx
 import pytest
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
-from agent_plugin.providers.http import HttpTransport, SseEvent, environment_proxy
+from agent_plugin.providers.http import HttpTransport, SseEvent
 from agent_plugin.providers.lean import LeanTransport
+from agent_plugin.providers.proxies import environment_proxy
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy
 from agent_plugin.redaction import REDACTED
 from tests.httpserver import (
@@ -663,7 +664,7 @@ async def test_no_proxy_sends_the_host_direct(
     assert [request.path for request in server.requests] == ["/v1/chat/completions"]
 
 
-def test_environment_proxy_follows_httpx_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_proxy_reads_the_usual_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "HTTPS_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("https_proxy", "proxy.corp:3128")
@@ -690,3 +691,62 @@ async def test_a_gzip_answer_is_decoded(server: HttpServer, make_transport: Make
     body = gzip.compress(json.dumps(OK).encode())
     server.queue(Reply(200, {"content-type": "application/json", "content-encoding": "gzip"}, body))
     assert await make_transport().post_json("/chat/completions", BODY) == OK
+
+
+async def test_header_names_merge_case_insensitively(server: HttpServer) -> None:
+    transport = HttpTransport(
+        PROVIDER,
+        server.url,
+        headers={"User-Agent": "my-app", "Accept": "application/json"},
+        timeout=5.0,
+        retry=FAST,
+        transport=_plain_http(),
+    )
+    server.queue(reply_json(OK), sse([sse_event({"a": 1})]))
+    try:
+        await transport.post_json("/x", BODY)
+        await _collect(transport.post_sse("/x", BODY))
+    finally:
+        await transport.aclose()
+    plain, stream = server.requests
+    assert plain.headers["user-agent"] == "my-app"  # one value, not the default beside it
+    assert plain.headers["accept"] == "application/json"
+    assert stream.headers["accept"] == "text/event-stream"
+
+
+async def test_credentials_in_the_base_url_are_sent_as_basic_auth(server: HttpServer) -> None:
+    transport = HttpTransport(
+        PROVIDER,
+        server.url.replace("http://", "http://user:p%40ss@") + "/v1",
+        headers={},
+        timeout=5.0,
+        retry=FAST,
+        transport=_plain_http(),
+    )
+    server.queue(reply_json(OK))
+    try:
+        await transport.post_json("/chat/completions", BODY)
+    finally:
+        await transport.aclose()
+    [request] = server.requests
+    assert request.headers["authorization"] == "Basic dXNlcjpwQHNz"  # user:p@ss
+    assert "p%40ss" not in repr(transport)
+    assert "user" not in transport.base_url
+
+
+def test_an_invalid_base_url_is_a_config_error() -> None:
+    with pytest.raises(AgentError) as caught:
+        HttpTransport(PROVIDER, "http://[::1/v1", headers={}, timeout=5.0, retry=FAST)
+    assert caught.value.kind is ErrorKind.CONFIG
+    assert "base_url is not a valid URL" in caught.value.message
+
+
+async def test_a_closed_transport_refuses_requests(
+    server: HttpServer, make_transport: MakeTransport
+) -> None:
+    transport = make_transport()
+    await transport.aclose()
+    with pytest.raises(AgentError, match="client is closed") as caught:
+        await transport.post_json("/chat/completions", BODY)
+    assert caught.value.kind is ErrorKind.INTERNAL
+    assert server.requests == []
