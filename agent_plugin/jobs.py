@@ -25,7 +25,10 @@ runs a second time, with the same ``run_id`` and ``call_id`` so the tool can ded
 
 **Crashed workers.** While a job runs, its worker keeps arq's in-progress key of the job alive
 for :attr:`JobOptions.lease` seconds at a time. A worker that dies stops renewing it, and any
-worker picks the job up again within the lease (not after arq's whole job timeout).
+worker picks the job up again within the lease (not after arq's whole job timeout). A worker
+killed in the instant between arq's claim and the first renewal leaves a claim as long as the
+job timeout; every worker looks for such claims each lease and cuts them to the lease
+(:meth:`RunQueue.release_abandoned_claims`), so that run too continues within two leases.
 
 **Retries.** ``agent_run`` retries retryable failures (RateLimited, Unavailable, Transport) up
 to :attr:`JobOptions.max_attempts` attempts with exponential backoff that honours the
@@ -91,6 +94,7 @@ import sqlalchemy as sa
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from arq.constants import in_progress_key_prefix, job_key_prefix
 from arq.cron import CronJob, cron
+from arq.jobs import SerializationError, deserialize_job_raw
 from arq.worker import Retry, func
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.asyncio.retry import Retry as RedisRetry
@@ -474,6 +478,22 @@ class SessionLock:
             delay = min(delay * 2, poll_cap)
 
 
+_SWEEP_LIMIT: Final = 1000
+"""How many due jobs from the front of the queue each sweep for abandoned claims looks at."""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _job_function(data: bytes) -> str | None:
+    """The function an arq job calls, from its stored data (None when it cannot be read)."""
+    try:
+        return deserialize_job_raw(data, deserializer=_loads)[0]
+    except SerializationError:
+        return None
+
+
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
@@ -503,6 +523,7 @@ class RunQueue:
         self._owns_redis = False
         self._connecting = asyncio.Lock()
         self._watcher: ControlWatcher | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"RunQueue(redis={mask_url(self.redis_url)!r}, queue={self.options.queue_name!r})"
@@ -554,8 +575,70 @@ class RunQueue:
             self._watcher = ControlWatcher(redis, prefix=self.options.live_prefix)
         return self._watcher
 
+    # --- claims of workers that died -------------------------------------------------------
+
+    async def release_abandoned_claims(self, redis: ArqRedis) -> list[str]:
+        """Cut arq's claim on agent jobs whose worker died before renewing it; their job ids.
+
+        arq claims a job with an in-progress key that lives as long as the job may take (the
+        job timeout, 30 minutes by default); a running delivery cuts it to the lease at once
+        and renews it. A worker killed between the two leaves a claim nobody renews, and the
+        run would wait out the whole timeout. Such a claim is the only one to outlive twice
+        the lease: cutting it to the lease frees the job for another worker within the lease,
+        and a delivery just starting renews it anyway. Only due jobs of this queue that call
+        ``agent_run`` or ``agent_resume`` are touched (the oldest 1000; claimed jobs are due
+        and sit near the front).
+        """
+        lease = _ms(self.options.lease)
+        ids = await redis.zrangebyscore(
+            self.options.queue_name, "-inf", _now_ms(), start=0, num=_SWEEP_LIMIT
+        )
+        if not ids:
+            return []
+        names = [in_progress_key_prefix + job_id.decode() for job_id in ids]
+        async with redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.pttl(name)
+            ttls = await pipe.execute()
+        long_held = [name for name, ttl in zip(names, ttls, strict=True) if ttl > 2 * lease]
+        released: list[str] = []
+        for name in long_held:
+            job_id = name.removeprefix(in_progress_key_prefix)
+            data = await redis.get(job_key_prefix + job_id)
+            if data is None or _job_function(data) not in (AGENT_RUN, AGENT_RESUME):
+                continue
+            if await redis.pexpire(name, lease):
+                released.append(job_id)
+        if released:
+            logger.warning(
+                "claims of %d job(s) outlived their worker and now expire within %.0f s: %s",
+                len(released),
+                self.options.lease,
+                ", ".join(released),
+            )
+        return released
+
+    def sweep_abandoned_claims(self, redis: ArqRedis) -> None:
+        """Run :meth:`release_abandoned_claims` now and then every lease, until :meth:`aclose`
+        (a worker does this from its startup)."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep(redis), name="agent claim sweeper")
+
+    async def _sweep(self, redis: ArqRedis) -> None:
+        while True:
+            try:
+                await self.release_abandoned_claims(redis)
+            except (TimeoutError, RedisError, OSError) as error:
+                logger.warning("cannot check for abandoned job claims: %s", error)
+            await asyncio.sleep(self.options.lease)
+
     async def aclose(self) -> None:
         """Stop watching control channels and close the connection this queue opened."""
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             await watcher.aclose()
@@ -1629,6 +1712,7 @@ def worker_settings(plugin: AgentPlugin, options: JobOptions, **overrides: Any) 
         if queue is None:  # pragma: no cover - start_worker turns jobs on
             raise AgentError.config("background runs are off for this plugin")
         queue.attach(ctx["redis"])
+        queue.sweep_abandoned_claims(ctx["redis"])
         ctx[_RUNTIME_KEY] = runtime
         logger.info("agent worker started: %r, %r", runtime, queue)
         if runtime.heartbeat is not None:

@@ -297,6 +297,43 @@ async def test_enqueueing_the_same_run_twice_is_a_no_op(served: Served, env: Job
     assert (await served.client.get(first.status_path)).json()["attempt"] == 1
 
 
+async def test_a_claim_its_worker_never_renewed_is_cut_to_the_lease(
+    served: Served, env: JobsEnv, redis_client: aioredis.Redis
+) -> None:
+    # a worker SIGKILLed between arq's claim (an in-progress key living the whole job timeout)
+    # and the delivery's first renewal: the sweeper cuts the claim, another delivery runs it
+    _, prompt = plan(rounds=[[["effect", "once"]]])
+    args = AgentRunArgs(prompt=prompt)
+    claim = f"arq:in-progress:{args.run_id}"
+    await redis_client.psetex(claim, 600_000, b"1")  # as arq's start_jobs leaves it
+    handle = await served.plugin.enqueue_run_tracked(args)
+    lease_ms = 2000  # JOBS_TEST_LEASE
+    deadline = time.monotonic() + 10
+    while (ttl := await redis_client.pttl(claim)) > lease_ms:
+        assert time.monotonic() < deadline, f"the claim still lives {ttl} ms"
+        await asyncio.sleep(0.05)
+    record = await poll(served.client, handle.status_path, within=20)
+    assert record["status"] == "complete"
+    assert len(tool_lines(env, args.run_id)) == 1
+
+
+async def test_the_sweeper_leaves_other_jobs_and_renewed_claims_alone(
+    served: Served, env: JobsEnv, redis_client: aioredis.Redis
+) -> None:
+    queue = served.handle.runtime.jobs
+    assert queue is not None
+    redis = await queue.redis()
+    other = "someone-elses-job"  # not an agent job: its long claim is its worker's business
+    await redis.enqueue_job("send_newsletter", _job_id=other, _queue_name=env.queue)
+    await redis_client.psetex(f"arq:in-progress:{other}", 600_000, b"1")
+    try:
+        assert await queue.release_abandoned_claims(redis) == []
+        assert await redis_client.pttl(f"arq:in-progress:{other}") > 500_000
+    finally:
+        await redis_client.zrem(env.queue, other)
+        await redis_client.delete(f"arq:in-progress:{other}", f"arq:job:{other}")
+
+
 async def test_the_status_outlives_arqs_own_result(
     served: Served, redis_client: aioredis.Redis
 ) -> None:
