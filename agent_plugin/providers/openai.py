@@ -105,12 +105,11 @@ class OpenAICompatibleClient:
     ) -> None:
         require_key(PROVIDER, base_url, api_key)
         self.model = model
-        self.base_url = base_url.rstrip("/")
         self._api_key = api_key or None
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = HttpTransport(
             PROVIDER,
-            self.base_url,
+            base_url,
             headers=headers,
             timeout=timeout,
             retry=retry,
@@ -124,6 +123,11 @@ class OpenAICompatibleClient:
     @property
     def provider_name(self) -> str:
         return PROVIDER
+
+    @property
+    def base_url(self) -> str:
+        """The API's base URL (without any ``user:password@``, which is sent as Basic auth)."""
+        return self._http.base_url
 
     def __repr__(self) -> str:
         key = repr(REDACTED) if self._api_key else "None"

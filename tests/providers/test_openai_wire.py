@@ -40,6 +40,7 @@ from agent_plugin.messages import (
     ToolResult,
     ToolResultPart,
 )
+from agent_plugin.providers.anthropic import AnthropicClient
 from agent_plugin.providers.base import (
     ChatRequest,
     ChatResponse,
@@ -1617,6 +1618,13 @@ async def test_local_servers_need_no_key() -> None:
         assert (await client.chat(plain_request())).text == "hi"
         await client.aclose()
         assert "authorization" not in sent[0].headers
+
+
+@pytest.mark.parametrize("client_class", [OpenAICompatibleClient, AnthropicClient])
+def test_credentials_in_the_base_url_stay_out_of_repr(client_class: type[Any]) -> None:
+    client = client_class(model="m", base_url="http://proxy-user:s3cret-pw@h/v1")
+    assert "s3cret-pw" not in repr(client)
+    assert client.base_url == "http://h/v1"
 
 
 def test_seed_repr_redacts_the_key() -> None:
