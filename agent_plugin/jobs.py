@@ -278,8 +278,10 @@ class JobOptions:
     * ``max_attempts``: attempts of a run that fails with a retryable error [AP-47].
     * ``retry_backoff``: seconds before the first retry; doubled for each later one (with
       jitter), never less than the provider's ``Retry-After``, at most ``max_backoff``.
-    * ``max_deliveries``: how many times a job may be started, restarts after a crashed
-      worker included, before its run is failed as "interrupted too often".
+    * ``max_deliveries``: how many times a run may be started (its retries and restarts after
+      a crashed worker included) before it is failed as interrupted too often. Deliveries
+      that never start it (Redis or the database out of reach) do not count: those are tried
+      again each lease until they can.
     * ``lease``: seconds a job's claim (and its session lock) lives without renewal: how soon
       another worker continues the run of a worker that died.
     * ``keep_result``: seconds arq keeps a job's (small) result; the run record stays.
@@ -477,6 +479,12 @@ class SessionLock:
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, poll_cap)
 
+
+_ARQ_MAX_TRIES: Final = 1_000_000
+"""arq's own bound on the tries of an agent job: never reached, because arq drops a job past
+it without calling the job, which would leave its run ``queued`` or ``in_progress`` for good.
+A delivery that cannot reach Redis or the database is tried again each lease until it can;
+:attr:`JobOptions.max_deliveries` bounds the deliveries that start the run."""
 
 _SWEEP_LIMIT: Final = 1000
 """How many due jobs from the front of the queue each sweep for abandoned claims looks at."""
@@ -960,6 +968,9 @@ class RunQueue:
             pipe.zrem(self.options.queue_name, run_id)
             pipe.delete(job_key_prefix + run_id)
             await pipe.execute()
+            if record.session_id is not None:  # claimed at enqueue; never held by a worker yet
+                prefix = self.options.key_prefix
+                await SessionLock(redis, record.session_id, run_id, prefix=prefix).release()
         if self.options.events and record.outcome is not None:
             stream = RunEventStream(
                 redis,
@@ -1113,7 +1124,9 @@ class _Keeper:
                 logger.warning("cannot renew %s: %s", self.key, error)
 
     async def _renew(self) -> None:
-        await self.redis.pexpire(self.key, _ms(self.lease))
+        # SET, not PEXPIRE: a claim deleted while this delivery lives (a superseded delivery of
+        # the same job ended, a Redis restart lost it) comes back, so the job stays protected
+        await self.redis.set(self.key, b"1", px=_ms(self.lease))
         lock = self.lock
         if lock is not None and lock.held and not await lock.renew(self.lease * 3):
             logger.warning("run %s lost the lock of session %r", lock.run_id, lock.session_id)
@@ -1137,7 +1150,6 @@ class _Delivery:
         self.options = queue.options
         self.redis: ArqRedis = ctx["redis"]
         self.job_id = str(ctx.get("job_id", run_id))
-        self.job_try = int(ctx.get("job_try", 1))
         self.run_id = run_id
         self.args = args
         self.retry_errors = retry_errors
@@ -1145,6 +1157,8 @@ class _Delivery:
         """An ``agent_resume`` job: its report's source is ``resume``."""
         self.retry_delay: float | None = None
         """Set when the delivery ends with arq's ``Retry``: seconds until the next attempt."""
+        self.superseded = False
+        """Another delivery took the run over: the session lock is that delivery's."""
         self.session: str | None = None
         self.ended: AgentOutcome | OutcomeSummary | None = None
         """How the run ended (or, found ended by a re-delivery, its record's summary)."""
@@ -1176,20 +1190,6 @@ class _Delivery:
                     logger.warning("job %s: there is no run %s", self.job_id, self.run_id)
                     return self.result("unknown")
                 session = record.session_id
-            if self.job_try > self.options.max_deliveries:
-                error = AgentError(
-                    ErrorKind.UNAVAILABLE,
-                    f"the run was interrupted {self.job_try - 1} times (its worker stopped "
-                    "before finishing it); giving up",
-                )
-                try:
-                    await self.store.fail(self.run_id, error.info())
-                except AgentError as conflict:
-                    if conflict.kind is not ErrorKind.CONFLICT:
-                        raise
-                    return await self._current_status()
-                await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
-                return self.result(RunStatus.FAILED)
             self.session = session
             lock = None
             if session is not None:
@@ -1298,7 +1298,7 @@ class _Delivery:
             await asyncio.shield(_quietly(self.store.requeue(self.run_id)))
             raise
         finally:
-            if lock is not None and lock.held:
+            if lock is not None and lock.held and not self.superseded:
                 if self.retry_delay is not None:  # keep the session through the backoff
                     await _quietly(lock.renew(self.retry_delay + self.lock_ttl))
                 else:
@@ -1320,6 +1320,8 @@ class _Delivery:
                 raise
             return await self._current_status()
         attempt = record.attempt
+        if attempt > self.options.max_deliveries:
+            return await self._give_up(attempt)
         try:
             outcome = await self._drive(record, args)
             record = await self.store.finish(self.run_id, outcome)
@@ -1336,6 +1338,18 @@ class _Delivery:
         if attempt > 1:  # retries are counted only by attempts before this one
             await self._forget_retries()
         return self.result(record.status)
+
+    async def _give_up(self, attempt: int) -> dict[str, Any]:
+        """Fail a run started more often than ``max_deliveries`` (a run whose worker keeps
+        dying: out of memory, say). Deliveries that never started it do not count."""
+        error = AgentError(
+            ErrorKind.UNAVAILABLE,
+            f"the run was started {attempt - 1} times without finishing (its worker stopped "
+            "each time); giving up",
+        )
+        await self.store.fail(self.run_id, error.info())
+        await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
+        return self.result(RunStatus.FAILED)
 
     async def _forget_retries(self) -> None:
         with contextlib.suppress(RedisError, OSError, TimeoutError):
@@ -1368,6 +1382,12 @@ class _Delivery:
     async def _record_failure(self, error: AgentError, attempt: int) -> dict[str, Any]:
         if not await self._still_ours(attempt):
             logger.warning("run %s was taken over by another delivery: %s", self.run_id, error)
+            self.superseded = True
+            current = await self.store.get(self.run_id)
+            if current is not None and current.status is RunStatus.IN_PROGRESS:
+                # the other delivery runs the same arq job: ending it here would take the job
+                # off the queue under it, and a crash of that delivery would then lose the run
+                raise Retry(defer=2 * self.options.lease)
             return self.result("superseded")
         if error.retryable and self.retry_errors:
             retries = int(await self.redis.incr(self._retries_key))
@@ -1724,12 +1744,12 @@ def worker_settings(plugin: AgentPlugin, options: JobOptions, **overrides: Any) 
             await plugin.stop_worker(runtime)
 
     functions = [
-        func(agent_run, name=AGENT_RUN, timeout=job_timeout, max_tries=options.max_deliveries + 1),
+        func(agent_run, name=AGENT_RUN, timeout=job_timeout, max_tries=_ARQ_MAX_TRIES),
         func(
             agent_resume,
             name=AGENT_RESUME,
             timeout=job_timeout,
-            max_tries=options.max_deliveries + 1,
+            max_tries=_ARQ_MAX_TRIES,
         ),
     ]
     cron_jobs: list[CronJob] = list(overrides.pop("cron_jobs", None) or ())
@@ -1754,7 +1774,7 @@ def worker_settings(plugin: AgentPlugin, options: JobOptions, **overrides: Any) 
         "on_shutdown": on_shutdown,
         "cron_jobs": cron_jobs,
         "job_timeout": job_timeout,
-        "max_tries": options.max_deliveries + 1,
+        "max_tries": _ARQ_MAX_TRIES,
         "keep_result": options.keep_result,
         "max_jobs": options.max_jobs,
         "poll_delay": options.poll_delay,

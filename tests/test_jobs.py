@@ -31,6 +31,7 @@ from agent_plugin.jobs import (
     AgentResumeArgs,
     AgentRunArgs,
     JobOptions,
+    _Keeper,
     agent_run,
     progress_of,
     run_args,
@@ -475,6 +476,23 @@ async def test_the_reject_policy_answers_409_while_the_session_is_busy(env: Jobs
         assert (await poll(served.client, elsewhere))["status"] == "complete"
 
 
+async def test_cancelling_a_queued_run_frees_its_session_for_the_reject_policy(
+    env: JobsEnv,
+) -> None:
+    session = f"c-{time.monotonic_ns()}"
+    async with serve(env, AGENT_SESSION_LOCK="reject") as served:
+        _, prompt = plan()
+        args = AgentRunArgs(prompt=prompt, session=session)
+        run_id = await served.handle.enqueue_run_in(600, args)  # queued, holding the session
+        _, other = plan()
+        busy = await served.client.post("/agent/runs", json={"prompt": other, "session": session})
+        assert busy.status_code == 409
+        cancelled = await served.client.post(f"/agent/runs/{run_id}/cancel")
+        assert cancelled.status_code == 202, cancelled.text
+        path = await start(served, other, session=session)  # free at once, not in 30 minutes
+        assert (await poll(served.client, path))["status"] == "complete"
+
+
 # --- failure to reach Redis, and the API without a worker -----------------------------------
 
 
@@ -606,6 +624,40 @@ def test_worker_settings_build_an_arq_worker_from_the_plugin(env: JobsEnv) -> No
     assert callable(settings.on_startup)
     assert callable(settings.on_shutdown)
     assert settings.job_serializer({"a": 1}) == b'{"a":1}'
+    # arq never drops an agent job on its own (the run would stay queued for good)
+    assert settings.max_tries >= 1_000_000
+    assert all(f.max_tries is not None and f.max_tries >= 1_000_000 for f in settings.functions)
+
+
+async def test_a_run_started_more_often_than_max_deliveries_fails(
+    served: Served, env: JobsEnv
+) -> None:
+    _, prompt = plan(rounds=[[["effect", "once"]]])
+    args = AgentRunArgs(prompt=prompt)
+    queue = served.handle.runtime.jobs
+    assert queue is not None
+    await queue.store.create(args.run_id, origin="job", args=args.model_dump(mode="json"))
+    for _ in range(20):  # JOBS_TEST_MAX_DELIVERIES deliveries whose workers all died
+        await queue.store.start(args.run_id)
+    redis = await queue.redis()
+    await redis.enqueue_job(AGENT_RUN, args.run_id, _job_id=args.run_id, _queue_name=env.queue)
+    record = await poll(served.client, queue.status_path(args.run_id))
+    assert record["status"] == "failed"
+    assert "started 20 times without finishing" in record["error"]["message"]
+    assert tool_lines(env, args.run_id) == []
+
+
+async def test_a_live_delivery_keeps_its_claim_even_when_the_key_is_deleted(
+    redis_client: aioredis.Redis,
+) -> None:
+    job_id = f"keeper-{time.monotonic_ns()}"
+    key = f"arq:in-progress:{job_id}"
+    async with _Keeper(redis_client, job_id, lease=0.3):  # type: ignore[arg-type]
+        assert 0 < await redis_client.pttl(key) <= 300
+        await redis_client.delete(key)  # a superseded delivery of the same job ended
+        await asyncio.sleep(0.25)
+        assert 0 < await redis_client.pttl(key) <= 300
+    await redis_client.delete(key)
 
 
 def test_the_demo_worker_is_built_from_the_demo_plugin() -> None:
