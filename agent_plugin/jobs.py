@@ -747,8 +747,9 @@ class RunQueue:
                         _job_id=f"{run_id}:resume:{uuid.uuid4().hex}",
                         _queue_name=self.options.queue_name,
                     )
-            except AgentError as error:
-                await _quietly(self.store.fail(run_id, _not_queued(error, run_id).info()))
+            except AgentError:
+                # the run awaits approval again: the same decisions can be sent once more
+                await _quietly(self.store.return_paused_state(run_id, record.outcome))
                 raise
         except BaseException:
             if lock is not None and claimed == 1:
@@ -1310,7 +1311,28 @@ class _Delivery:
             return self.result("unknown")
         if current.outcome is not None and current.status in _REPORTABLE:
             self.ended = current.outcome  # a re-delivery: report it if the first did not
+        await self._end_stream_of(current)
         return self.result(current.status)
+
+    async def _end_stream_of(self, record: RunRecord) -> None:
+        """Give the event stream of a run found ended its ``run_end`` when it lacks one (the
+        worker died between the record and the event): readers stop waiting, and the stream
+        expires as after any end."""
+        ended = record.status.finished or record.status is RunStatus.AWAITING_APPROVAL
+        if not (self.options.events and ended):
+            return
+        stream = self._event_stream()
+        try:
+            last = await self.redis.xrevrange(stream.key, count=1)
+        except (RedisError, OSError, TimeoutError) as error:
+            logger.warning("run %s: cannot read its event stream: %s", self.run_id, error)
+            return
+        if not last or last[0][1].get(b"type") == b"run_end":
+            return  # no stream (expired, or events were off), or it ended already
+        logger.info("run %s: its event stream lacked its end; sent from the record", self.run_id)
+        await self._publish_end(
+            RunEnded(run_id=self.run_id, summary=record.outcome, error=record.error)
+        )
 
     async def _start_and_drive(self, args: AgentRunArgs | None) -> dict[str, Any]:
         try:

@@ -23,6 +23,7 @@ import pytest
 import redis.asyncio as aioredis
 from arq.worker import Retry
 from fastapi import FastAPI
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.jobs import (
@@ -36,6 +37,7 @@ from agent_plugin.jobs import (
     progress_of,
     run_args,
 )
+from agent_plugin.live import stream_key
 from agent_plugin.messages import Role
 from agent_plugin.plugin import AgentPlugin, AgentRuntimeHandle
 from agent_plugin.sessions import InMemorySessionStore, MessageEntry
@@ -254,6 +256,37 @@ async def test_a_paused_run_resumes_after_decisions_over_http(served: Served, en
     assert done["awaiting"] == []
     sent = [list(x.args[2:]) for x in tool_lines(env, run_id)]
     assert sent == [["effect", "a"], ["send", "x"]]  # y was rejected; a did not run again
+
+
+async def test_decisions_that_cannot_be_queued_leave_the_run_awaiting_them(
+    served: Served, env: JobsEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, prompt = plan(rounds=[[["send", "z"]]])
+    path = await start(served, prompt)
+    paused = await poll(served.client, path)
+    assert paused["status"] == "awaiting_approval"
+    [call] = [a["call_id"] for a in paused["awaiting"]]
+    queue = served.handle.runtime.jobs
+    assert queue is not None
+    redis = await queue.redis()
+
+    async def redis_blip(*_args: Any, **_kwargs: Any) -> None:
+        raise RedisConnectionError("Connection refused")
+
+    monkeypatch.setattr(redis, "enqueue_job", redis_blip)
+    decisions = [{"call_id": call, "approval": {"verdict": "approve"}}]
+    refused = await served.client.post(f"{path}/decisions", json=decisions)
+    assert refused.status_code == 503, refused.text
+    again = (await served.client.get(path)).json()
+    assert again["status"] == "awaiting_approval"  # not failed: decide again
+    assert [a["call_id"] for a in again["awaiting"]] == [call]
+    assert again["outcome"] == paused["outcome"]
+    monkeypatch.undo()
+    accepted = await served.client.post(f"{path}/decisions", json=decisions)
+    assert accepted.status_code == 202, accepted.text
+    assert (await poll(served.client, path))["status"] == "complete"
+    run_id = path.rsplit("/", 1)[1]
+    assert [list(x.args[2:]) for x in tool_lines(env, run_id)] == [["send", "z"]]
 
 
 async def test_decisions_for_runs_that_are_not_paused_answer_409_or_404(served: Served) -> None:
@@ -645,6 +678,30 @@ async def test_a_run_started_more_often_than_max_deliveries_fails(
     assert record["status"] == "failed"
     assert "started 20 times without finishing" in record["error"]["message"]
     assert tool_lines(env, args.run_id) == []
+
+
+async def test_a_redelivery_ends_the_event_stream_its_first_delivery_left_open(
+    served: Served, env: JobsEnv, redis_client: aioredis.Redis
+) -> None:
+    # the first delivery's worker died between recording the end and publishing run_end
+    _, prompt = plan()
+    args = AgentRunArgs(prompt=prompt)
+    queue = served.handle.runtime.jobs
+    assert queue is not None
+    await queue.store.create(args.run_id, origin="job", args=args.model_dump(mode="json"))
+    error = AgentError(ErrorKind.PROVIDER, "the model said no")
+    await queue.store.fail(args.run_id, error.info())
+    key = stream_key(args.run_id, queue.options.live_prefix)
+    await redis_client.xadd(key, {"type": "run_start", "data": "{}"})
+    redis = await queue.redis()
+    await redis.enqueue_job(AGENT_RUN, args.run_id, _job_id=args.run_id, _queue_name=env.queue)
+    deadline = time.monotonic() + 10
+    while (last := await redis_client.xrevrange(key, count=1))[0][1][b"type"] != b"run_end":
+        assert time.monotonic() < deadline, last
+        await asyncio.sleep(0.05)
+    end = json.loads(last[0][1][b"data"])
+    assert end["error"]["message"] == "the model said no"
+    assert 0 < await redis_client.ttl(key) <= queue.options.events_ttl
 
 
 async def test_a_live_delivery_keeps_its_claim_even_when_the_key_is_deleted(

@@ -391,6 +391,29 @@ class SqlRunStore:
             )
         raise _not_paused(run_id, now_status)
 
+    async def return_paused_state(self, run_id: str, outcome: OutcomeSummary | None) -> bool:
+        """Undo :meth:`take_paused_state` when the resume could not be queued: the run awaits
+        approval again, with ``outcome`` (its summary before) and no decisions, so reviewers can
+        decide again. ``False`` when the run is no longer queued with decisions (nothing
+        changes then)."""
+        update = (
+            sa.update(_RUNS)
+            .where(
+                _RUNS.run_id == run_id,
+                _RUNS.status == RunStatus.QUEUED.value,
+                _RUNS.decisions.is_not(None),
+            )
+            .values(
+                status=RunStatus.AWAITING_APPROVAL.value,
+                version=_RUNS.version + 1,
+                decisions=sa.null(),
+                outcome=outcome.model_dump(mode="json") if outcome is not None else sa.null(),
+                updated_at=utcnow(),
+            )
+        )
+        async with self.database.write() as conn:
+            return bool((await conn.execute(update)).rowcount)
+
     async def pending_resume(self, run_id: str) -> tuple[RunState, list[ApprovalDecision]] | None:
         """The paused state and the decisions accepted for it, until the resume finishes.
 
