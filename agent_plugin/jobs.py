@@ -1336,7 +1336,7 @@ class _Delivery:
 
     async def _start_and_drive(self, args: AgentRunArgs | None) -> dict[str, Any]:
         try:
-            record = await self.store.start(self.run_id)
+            record = await self.store.start(self.run_id, resume=self.resume)
         except AgentError as error:  # a duplicate delivery of a run that moved on
             if error.kind not in (ErrorKind.CONFLICT, ErrorKind.NOT_FOUND):
                 raise

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from arq.jobs import Job
 from arq.worker import Retry
 from fastapi import FastAPI
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -33,12 +34,14 @@ from agent_plugin.jobs import (
     AgentRunArgs,
     JobOptions,
     _Keeper,
+    _loads,
     agent_run,
     progress_of,
     run_args,
 )
 from agent_plugin.live import stream_key
 from agent_plugin.messages import Role
+from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.plugin import AgentPlugin, AgentRuntimeHandle
 from agent_plugin.sessions import InMemorySessionStore, MessageEntry
 from tests.jobs_app import (
@@ -287,6 +290,36 @@ async def test_decisions_that_cannot_be_queued_leave_the_run_awaiting_them(
     assert (await poll(served.client, path))["status"] == "complete"
     run_id = path.rsplit("/", 1)[1]
     assert [list(x.args[2:]) for x in tool_lines(env, run_id)] == [["send", "z"]]
+
+
+async def test_a_stale_delivery_of_a_decided_run_leaves_the_approved_calls_to_the_resume(
+    served: Served, env: JobsEnv
+) -> None:
+    _, prompt = plan(rounds=[[["send", "w"]]])
+    path = await start(served, prompt)
+    run_id = path.rsplit("/", 1)[1]
+    paused = await poll(served.client, path)
+    [call] = [a["call_id"] for a in paused["awaiting"]]
+    queue = served.handle.runtime.jobs
+    assert queue is not None
+    # decisions accepted, and the paused run's own job delivered again (its worker had died
+    # before arq ended it) before the resume job runs
+    await queue.store.take_paused_state(run_id, [ApprovalDecision.approve(call)])
+    redis = await queue.redis()
+    stale = f"{run_id}:stale"
+    await redis.enqueue_job(AGENT_RUN, run_id, _job_id=stale, _queue_name=env.queue)
+    result = await (await _job(redis, stale, env)).result(timeout=10)
+    assert result == {"run_id": run_id, "status": "queued"}
+    assert tool_lines(env, run_id) == []  # the approved call waits for its resume
+    await redis.enqueue_job(
+        AGENT_RESUME, run_id, _job_id=f"{run_id}:resume:late", _queue_name=env.queue
+    )
+    assert (await poll(served.client, path))["status"] == "complete"
+    assert [list(x.args[2:]) for x in tool_lines(env, run_id)] == [["send", "w"]]
+
+
+async def _job(redis: Any, job_id: str, env: JobsEnv) -> Job:
+    return Job(job_id, redis, _queue_name=env.queue, _deserializer=_loads)
 
 
 async def test_decisions_for_runs_that_are_not_paused_answer_409_or_404(served: Served) -> None:

@@ -410,8 +410,12 @@ async def test_decisions_are_accepted_once_and_the_resume_finishes(database: Dat
         error = await refused(store.take_paused_state(run_id, again), ErrorKind.CONFLICT)
         assert error.message == f"run {run_id} is queued, not awaiting approval"
 
+    # a stale delivery of the paused run may not take them: it would run approved calls again
+    error = await refused(store.start(run_id), ErrorKind.CONFLICT)
+    assert error.message == f"run {run_id} is queued: cannot start it"
     # the resume job: reads what was accepted, resumes the agent, records the outcome
-    await store.start(run_id)
+    await store.start(run_id, resume=True)
+    await store.start(run_id, resume=True)  # its own re-delivery after a crash may
     pending = await store.pending_resume(run_id)
     assert pending is not None
     sent: list[Any] = []
@@ -538,7 +542,7 @@ async def test_a_decision_for_an_earlier_pause_is_refused(
     async def write_after_a_new_pause() -> AsyncIterator[Any]:
         if not moved_on:
             await store.take_paused_state(run_id, [ApprovalDecision.approve("s0")])
-            await store.start(run_id)
+            await store.start(run_id, resume=True)
             await store.finish(run_id, outcome)  # paused again (here: on the same calls)
             moved_on.append(True)
         async with original() as conn:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC
@@ -435,10 +436,12 @@ async def test_sqlite_writers_take_turns_and_give_up_after_the_busy_timeout(
     try:
         await database.migrate()
         order: list[str] = []
+        holding = asyncio.Event()
 
         async def write(name: str, hold: float) -> None:
             async with database.write() as conn:
                 order.append(f"{name} in")
+                holding.set()
                 await conn.execute(sa.text("SELECT 1"))
                 await asyncio.sleep(hold)
                 order.append(f"{name} out")
@@ -446,8 +449,9 @@ async def test_sqlite_writers_take_turns_and_give_up_after_the_busy_timeout(
         await asyncio.gather(write("a", 0.1), write("b", 0), write("c", 0))
         assert order == ["a in", "a out", "b in", "b out", "c in", "c out"]
 
+        holding.clear()
         slow = asyncio.ensure_future(write("slow", 1.0))
-        await asyncio.sleep(0.05)
+        await holding.wait()  # slow holds the write lock (a fixed sleep flaked under load)
         with pytest.raises(AgentError) as caught:
             await write("late", 0)
         assert caught.value.kind is ErrorKind.UNAVAILABLE
@@ -680,3 +684,18 @@ async def test_timestamps_are_timezone_aware(database: Database) -> None:
     assert created.tzinfo is not None
     assert created.utcoffset() == UTC.utcoffset(None)
     assert entry_created.tzinfo is not None
+
+
+async def test_a_hung_postgres_statement_fails_unavailable_in_the_command_timeout() -> None:
+    database = Database(POSTGRES_URL, command_timeout=0.3)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AgentError) as caught:
+            async with database.read() as conn:
+                await conn.execute(sa.text("SELECT pg_sleep(5)"))
+        assert time.monotonic() - started < 3
+        assert caught.value.kind is ErrorKind.UNAVAILABLE
+        async with database.read() as conn:  # the pool recovers
+            assert await conn.scalar(sa.text("SELECT 1")) == 1
+    finally:
+        await database.dispose()

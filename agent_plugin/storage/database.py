@@ -63,6 +63,10 @@ class Database:
     transaction takes the write lock up front (``BEGIN IMMEDIATE``) so two writers queue instead
     of failing halfway.
 
+    ``command_timeout`` bounds each PostgreSQL statement (seconds; ``None``: no bound): a
+    connection that hangs then fails as ``unavailable`` (retried by background runs) instead
+    of holding a run until its job timeout.
+
     ``pool_size`` is how many PostgreSQL connections stay open between transactions (default
     5; up to 10 more open while needed, and close again): give it at least the number of
     runs that go on at once (a worker's ``max_jobs``), or connections are opened and closed
@@ -76,6 +80,7 @@ class Database:
         echo: bool = False,
         connect_args: dict[str, Any] | None = None,
         connect_timeout: float = 10.0,
+        command_timeout: float | None = 60.0,
         pool_size: int | None = None,
     ) -> None:
         self.url = _async_url(url)
@@ -85,6 +90,8 @@ class Database:
         backend = self.url.get_backend_name()
         if backend == "postgresql":
             args.setdefault("timeout", connect_timeout)
+            if command_timeout is not None:  # a hung connection must not hang a run for good
+                args.setdefault("command_timeout", command_timeout)
         elif backend == "sqlite":
             args.setdefault("timeout", _SQLITE_BUSY_TIMEOUT_S)
         else:

@@ -207,15 +207,19 @@ class SqlRunStore:
             text = await conn.scalar(_ARGS_OF, {"run": run_id})
         return _decode(run_id, "args", text, _ARGS)
 
-    async def start(self, run_id: str) -> RunRecord:
+    async def start(self, run_id: str, *, resume: bool = False) -> RunRecord:
         """A worker starts (or, after a crash, restarts) the run: ``in_progress``.
 
         Counts the attempt and sets ``started_at`` the first time. A run that is not queued or
         in progress (finished, paused, cancelled) is not started again: ``CONFLICT``, so a
-        re-delivered job for a finished run does nothing. Unknown run: ``NOT_FOUND``.
+        re-delivered job for a finished run does nothing. Decisions accepted for a paused run
+        are its resume's (``resume=True``): any other delivery is refused (``CONFLICT``), since
+        a stale delivery of the paused run would run the approved calls a second time. Unknown
+        run: ``NOT_FOUND``.
         """
+        statement = _START if resume else _START_WITHOUT_DECISIONS
         async with self.database.write() as conn:
-            row = (await conn.execute(_START, {"run": run_id, "now": utcnow()})).one_or_none()
+            row = (await conn.execute(statement, {"run": run_id, "now": utcnow()})).one_or_none()
         if row is not None:
             return _record(row._mapping)
         raise await self._refusal(run_id, "start it")
@@ -676,6 +680,7 @@ _START: Final = (
     )
     .returning(*_RECORD_COLUMNS)
 )
+_START_WITHOUT_DECISIONS: Final = _START.where(_RUNS.decisions.is_(None))
 _PROGRESS: Final = (
     sa.update(_RUNS)
     .where(_BY_RUN_ID, _RUNS.status == RunStatus.IN_PROGRESS.value)
