@@ -704,11 +704,9 @@ class RunQueue:
                         _queue_name=self.options.queue_name,
                         _defer_by=defer if defer else None,
                     )
-            except AgentError as error:
-                if created:
-                    await _quietly(
-                        self.store.fail(args.run_id, _not_queued(error, args.run_id).info())
-                    )
+            except AgentError:
+                if created:  # unrecorded, so a retry (derived run ids too) can enqueue it
+                    await _quietly(self.store.discard(args.run_id))
                 raise
         except BaseException:
             if lock is not None and claimed == 1:
@@ -1038,10 +1036,6 @@ def _session_busy(session: str | None) -> AgentError:
         f"session {session!r} already has an active background run; try again when it has "
         "finished (session_lock = reject)",
     )
-
-
-def _not_queued(error: AgentError, run_id: str) -> AgentError:
-    return AgentError(error.kind, f"run {run_id} could not be queued: {error.message}")
 
 
 async def _quietly(work: Any) -> None:

@@ -322,6 +322,28 @@ async def _job(redis: Any, job_id: str, env: JobsEnv) -> Job:
     return Job(job_id, redis, _queue_name=env.queue, _deserializer=_loads)
 
 
+async def test_a_run_whose_job_cannot_be_queued_is_not_recorded_and_can_be_enqueued_again(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = served.handle.runtime.jobs
+    assert queue is not None
+    redis = await queue.redis()
+
+    async def redis_blip(*_args: Any, **_kwargs: Any) -> None:
+        raise RedisConnectionError("Connection refused")
+
+    _, prompt = plan()
+    args = AgentRunArgs(prompt=prompt)  # a follow-up's or a tick's id is derived: the same again
+    monkeypatch.setattr(redis, "enqueue_job", redis_blip)
+    with pytest.raises(AgentError) as caught:
+        await served.plugin.enqueue_run_tracked(args)
+    assert caught.value.kind is ErrorKind.UNAVAILABLE
+    assert (await served.client.get(queue.status_path(args.run_id))).status_code == 404
+    monkeypatch.undo()
+    handle = await served.plugin.enqueue_run_tracked(args)
+    assert (await poll(served.client, handle.status_path))["status"] == "complete"
+
+
 async def test_decisions_for_runs_that_are_not_paused_answer_409_or_404(served: Served) -> None:
     _, prompt = plan()
     path = await start(served, prompt)

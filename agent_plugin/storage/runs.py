@@ -201,6 +201,18 @@ class SqlRunStore:
             row = (await conn.execute(_GET, {"run": run_id})).one_or_none()
         return _record(row._mapping) if row is not None else None
 
+    async def discard(self, run_id: str) -> bool:
+        """Delete a run that never left the queue (``queued``, never started): what an
+        enqueue does when its job could not be queued, so that nothing is recorded for it and
+        the same run id can be enqueued again. ``False`` when the run is not such a run."""
+        delete = sa.delete(_RUNS).where(
+            _RUNS.run_id == run_id,
+            _RUNS.status == RunStatus.QUEUED.value,
+            _RUNS.attempt == 0,
+        )
+        async with self.database.write() as conn:
+            return bool((await conn.execute(delete)).rowcount)
+
     async def args(self, run_id: str) -> dict[str, Any] | None:
         """The job arguments stored by :meth:`create` (``None``: no such run, or none stored)."""
         async with self.database.read() as conn:
