@@ -1154,6 +1154,8 @@ class _Delivery:
         """Set when the delivery ends with arq's ``Retry``: seconds until the next attempt."""
         self.superseded = False
         """Another delivery took the run over: the session lock is that delivery's."""
+        self.attempt: int | None = None
+        """The run's attempt this delivery started (``None`` before it started the run)."""
         self.session: str | None = None
         self.ended: AgentOutcome | OutcomeSummary | None = None
         """How the run ended (or, found ended by a re-delivery, its record's summary)."""
@@ -1286,11 +1288,16 @@ class _Delivery:
                     ErrorKind.BUDGET,
                     f"the run did not finish within the job timeout ({timeout:g} s)",
                 )
-            await self.store.fail(self.run_id, error.info())
+            try:
+                await self.store.fail(self.run_id, error.info(), attempt=self.attempt)
+            except AgentError as refused:
+                if refused.kind is not ErrorKind.CONFLICT:
+                    raise
+                return await self._superseded(refused)
             await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
             return self.result(RunStatus.FAILED)
         except asyncio.CancelledError:  # the worker is shutting down; arq runs the job again
-            await asyncio.shield(_quietly(self.store.requeue(self.run_id)))
+            await asyncio.shield(_quietly(self.store.requeue(self.run_id, attempt=self.attempt)))
             raise
         finally:
             if lock is not None and lock.held and not self.superseded:
@@ -1335,12 +1342,12 @@ class _Delivery:
             if error.kind not in (ErrorKind.CONFLICT, ErrorKind.NOT_FOUND):
                 raise
             return await self._current_status()
-        attempt = record.attempt
+        attempt = self.attempt = record.attempt
         if attempt > self.options.max_deliveries:
             return await self._give_up(attempt)
         try:
             outcome = await self._drive(record, args)
-            record = await self.store.finish(self.run_id, outcome)
+            record = await self.store.finish(self.run_id, outcome, attempt=attempt)
             self.ended = outcome
             await self._publish_end(self.held_end or RunEnded.of(self.run_id, outcome))
         except AgentError as error:
@@ -1363,7 +1370,12 @@ class _Delivery:
             f"the run was started {attempt - 1} times without finishing (its worker stopped "
             "each time); giving up",
         )
-        await self.store.fail(self.run_id, error.info())
+        try:
+            await self.store.fail(self.run_id, error.info(), attempt=attempt)
+        except AgentError as refused:
+            if refused.kind is not ErrorKind.CONFLICT:
+                raise
+            return await self._superseded(refused)
         await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
         return self.result(RunStatus.FAILED)
 
@@ -1395,22 +1407,34 @@ class _Delivery:
             self.retry_delay = self.options.lease
             raise Retry(defer=self.options.lease) from None
 
+    async def _superseded(self, why: object) -> dict[str, Any]:
+        """A later delivery took this one's run over: everything is left to it (the session
+        lock too), and while it runs the job stays queued under it (ending the job here would
+        take it off the queue, and a crash of that delivery would then lose the run)."""
+        logger.warning("run %s was taken over by another delivery: %s", self.run_id, why)
+        self.superseded = True
+        current = await self.store.get(self.run_id)
+        if current is not None and current.status is RunStatus.IN_PROGRESS:
+            raise Retry(defer=2 * self.options.lease)
+        return self.result("superseded")
+
     async def _record_failure(self, error: AgentError, attempt: int) -> dict[str, Any]:
         if not await self._still_ours(attempt):
-            logger.warning("run %s was taken over by another delivery: %s", self.run_id, error)
-            self.superseded = True
-            current = await self.store.get(self.run_id)
-            if current is not None and current.status is RunStatus.IN_PROGRESS:
-                # the other delivery runs the same arq job: ending it here would take the job
-                # off the queue under it, and a crash of that delivery would then lose the run
-                raise Retry(defer=2 * self.options.lease)
-            return self.result("superseded")
+            return await self._superseded(error)
+        try:
+            return await self._record_own_failure(error, attempt)
+        except AgentError as refused:  # taken over meanwhile: the moves are fenced by attempt
+            if refused.kind is not ErrorKind.CONFLICT:
+                raise
+            return await self._superseded(refused)
+
+    async def _record_own_failure(self, error: AgentError, attempt: int) -> dict[str, Any]:
         if error.retryable and self.retry_errors:
             retries = int(await self.redis.incr(self._retries_key))
             await self.redis.expire(self._retries_key, 86_400)
             if retries < self.options.max_attempts:
                 delay = self.options.backoff(retries, error.retry_after)
-                await self.store.requeue(self.run_id)
+                await self.store.requeue(self.run_id, attempt=attempt)
                 logger.info(
                     "run %s: %s; attempt %d of %d in %.1f s",
                     self.run_id,
@@ -1431,7 +1455,7 @@ class _Delivery:
                 )
                 raise Retry(defer=delay)
         logger.warning("run %s failed: %s", self.run_id, error)
-        await self.store.fail(self.run_id, error.info())
+        await self.store.fail(self.run_id, error.info(), attempt=attempt)
         await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
         await self._forget_retries()
         return self.result(RunStatus.FAILED)

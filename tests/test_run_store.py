@@ -763,6 +763,29 @@ async def test_a_superseded_attempt_cannot_write_checkpoints(database: Database)
     assert len(await store.journal_entries(run_id)) == 3
 
 
+async def test_a_superseded_attempt_cannot_end_or_requeue_the_run(database: Database) -> None:
+    store = SqlRunStore(database)
+    run_id = new_run_id()
+    await store.create(run_id, origin="request", args={})
+    first = await store.start(run_id)
+    second = await store.start(run_id)  # the job was re-delivered to another worker
+    stale = first.attempt
+    usage = TokenUsage(input_tokens=1, output_tokens=1)
+    error_info = AgentError(ErrorKind.PROVIDER, "late").info()
+    for action in (
+        store.finish(run_id, Completed(text="late", steps_used=1, usage=usage), attempt=stale),
+        store.fail(run_id, error_info, attempt=stale),
+    ):
+        error = await refused(action, ErrorKind.CONFLICT)
+        assert f"taken over by a later delivery (attempt {second.attempt}" in error.message
+    await refused(store.requeue(run_id, attempt=stale), ErrorKind.CONFLICT)
+    record = await store.get(run_id)
+    assert record is not None
+    assert (record.status, record.attempt) == (RunStatus.IN_PROGRESS, second.attempt)
+    done = await store.finish(run_id, Completed(text="done", steps_used=1, usage=usage), attempt=2)
+    assert done.status is RunStatus.COMPLETE
+
+
 async def test_parallel_records_through_one_journal_keep_their_order(
     database: Database,
 ) -> None:

@@ -248,12 +248,15 @@ class SqlRunStore:
             if await _status(conn, run_id) is None:
                 raise _not_found(run_id)
 
-    async def finish(self, run_id: str, outcome: AgentOutcome) -> RunRecord:
+    async def finish(
+        self, run_id: str, outcome: AgentOutcome, *, attempt: int | None = None
+    ) -> RunRecord:
         """Record how a queued or running run ended, and move it to the outcome's status.
 
         The public record gets ``OutcomeSummary.of(outcome)``; a paused run's ``RunState`` is
         kept server-side for :meth:`take_paused_state`. Accepted decisions of a previous pause
-        are cleared. A run in any other status: ``CONFLICT``.
+        are cleared. A run in any other status: ``CONFLICT``. With ``attempt`` (a worker's
+        delivery), only that attempt may: a delivery a later one took over gets ``CONFLICT``.
         """
         status = status_of(outcome)
         state = outcome.state if isinstance(outcome, AwaitingApproval | Paused) else None
@@ -270,15 +273,17 @@ class SqlRunStore:
             values["finished_at"] = now
         if status is RunStatus.COMPLETE:
             values["progress_pct"] = 100
-        return await self._move(run_id, "finish", _RUNNABLE, **values)
+        return await self._move(run_id, "finish", _RUNNABLE, attempt=attempt, **values)
 
-    async def fail(self, run_id: str, error: ErrorInfo) -> RunRecord:
-        """Record the typed error that ended a queued or running run: ``failed``."""
+    async def fail(self, run_id: str, error: ErrorInfo, *, attempt: int | None = None) -> RunRecord:
+        """Record the typed error that ended a queued or running run: ``failed`` (``attempt``
+        as for :meth:`finish`)."""
         now = utcnow()
         return await self._move(
             run_id,
             "fail",
             _RUNNABLE,
+            attempt=attempt,
             status=RunStatus.FAILED.value,
             error=error.model_dump(mode="json"),
             outcome=sa.null(),
@@ -288,11 +293,15 @@ class SqlRunStore:
             updated_at=now,
         )
 
-    async def requeue(self, run_id: str) -> None:
-        """A running run goes back to ``queued`` because a retry is coming (queued: no-op)."""
+    async def requeue(self, run_id: str, *, attempt: int | None = None) -> None:
+        """A running run goes back to ``queued`` because a retry is coming (queued: no-op;
+        ``attempt`` as for :meth:`finish`)."""
+        where = [_RUNS.run_id == run_id, _RUNS.status == RunStatus.IN_PROGRESS.value]
+        if attempt is not None:
+            where.append(_RUNS.attempt == attempt)
         update = (
             sa.update(_RUNS)
-            .where(_RUNS.run_id == run_id, _RUNS.status == RunStatus.IN_PROGRESS.value)
+            .where(*where)
             .values(status=RunStatus.QUEUED.value, version=_RUNS.version + 1, updated_at=utcnow())
         )
         async with self.database.write() as conn:
@@ -497,12 +506,28 @@ class SqlRunStore:
     # --- moves -----------------------------------------------------------------------------
 
     async def _move(
-        self, run_id: str, action: str, allowed: Sequence[RunStatus], **values: Any
+        self,
+        run_id: str,
+        action: str,
+        allowed: Sequence[RunStatus],
+        *,
+        attempt: int | None = None,
+        **values: Any,
     ) -> RunRecord:
-        """Move the run on, or raise NOT_FOUND / CONFLICT naming its status."""
-        record = await self._try_move(run_id, allowed, **values)
+        """Move the run on, or raise NOT_FOUND / CONFLICT naming its status (or the later
+        delivery that took the run over, when ``attempt`` is not the run's)."""
+        record = await self._try_move(run_id, allowed, expected_attempt=attempt, **values)
         if record is not None:
             return record
+        if attempt is not None:
+            async with self.database.read() as conn:
+                current = await conn.scalar(sa.select(_RUNS.attempt).where(_RUNS.run_id == run_id))
+            if current is not None and current != attempt:
+                raise AgentError(
+                    ErrorKind.CONFLICT,
+                    f"run {run_id} was taken over by a later delivery (attempt {current}, "
+                    f"not {attempt}): cannot {action} it",
+                )
         raise await self._refusal(run_id, action + " it")
 
     async def _refusal(self, run_id: str, action: str) -> AgentError:
@@ -519,13 +544,17 @@ class SqlRunStore:
         allowed: Sequence[RunStatus],
         *,
         expected_version: int | None = None,
+        expected_attempt: int | None = None,
         **values: Any,
     ) -> RunRecord | None:
         """One ``UPDATE ... RETURNING`` that moves the run on and bumps its version, if the
-        run is in one of the ``allowed`` states (and at ``expected_version``, if given)."""
+        run is in one of the ``allowed`` states (and at ``expected_version`` and
+        ``expected_attempt``, if given)."""
         where = [_RUNS.run_id == run_id, _RUNS.status.in_([s.value for s in allowed])]
         if expected_version is not None:
             where.append(_RUNS.version == expected_version)
+        if expected_attempt is not None:
+            where.append(_RUNS.attempt == expected_attempt)
         update = (
             sa.update(_RUNS)
             .where(*where)
