@@ -1288,14 +1288,7 @@ class _Delivery:
                     ErrorKind.BUDGET,
                     f"the run did not finish within the job timeout ({timeout:g} s)",
                 )
-            try:
-                await self.store.fail(self.run_id, error.info(), attempt=self.attempt)
-            except AgentError as refused:
-                if refused.kind is not ErrorKind.CONFLICT:
-                    raise
-                return await self._superseded(refused)
-            await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
-            return self.result(RunStatus.FAILED)
+            return await self._fail(error, self.attempt)
         except asyncio.CancelledError:  # the worker is shutting down; arq runs the job again
             await asyncio.shield(_quietly(self.store.requeue(self.run_id, attempt=self.attempt)))
             raise
@@ -1370,6 +1363,11 @@ class _Delivery:
             f"the run was started {attempt - 1} times without finishing (its worker stopped "
             "each time); giving up",
         )
+        return await self._fail(error, attempt)
+
+    async def _fail(self, error: AgentError, attempt: int | None) -> dict[str, Any]:
+        """Record that ``error`` ended the run and publish its end; a run a later delivery
+        took over is left to that one (see :meth:`_superseded`)."""
         try:
             await self.store.fail(self.run_id, error.info(), attempt=attempt)
         except AgentError as refused:
@@ -1455,10 +1453,9 @@ class _Delivery:
                 )
                 raise Retry(defer=delay)
         logger.warning("run %s failed: %s", self.run_id, error)
-        await self.store.fail(self.run_id, error.info(), attempt=attempt)
-        await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
+        ended = await self._fail(error, attempt)
         await self._forget_retries()
-        return self.result(RunStatus.FAILED)
+        return ended
 
     # --- what the run does -----------------------------------------------------------------
 
