@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-__all__ = ["CancelToken", "RunCancelled", "until_cancelled"]
+__all__ = ["CancelToken", "RunCancelled", "stop_task", "until_cancelled"]
 
 T = TypeVar("T")
 
@@ -65,3 +65,10 @@ async def until_cancelled(awaitable: Awaitable[T], token: CancelToken | None) ->
     if task.cancelled():
         raise RunCancelled
     return task.result()
+
+
+async def stop_task(task: asyncio.Task[object]) -> None:
+    """Cancel a helper task and wait until it has ended (its cancellation is not raised)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -104,7 +104,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agent_plugin.agent import Agent, EventSink
-from agent_plugin.cancellation import CancelToken
+from agent_plugin.cancellation import CancelToken, stop_task
 from agent_plugin.config import mask_url
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, OutcomeSummary, RetryScheduled, RunEnded
@@ -644,9 +644,7 @@ class RunQueue:
         """Stop watching control channels and close the connection this queue opened."""
         sweeper, self._sweeper = self._sweeper, None
         if sweeper is not None:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            await stop_task(sweeper)
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             await watcher.aclose()
@@ -1106,9 +1104,7 @@ class _Keeper:
 
     async def __aexit__(self, *_exc: object) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
 
     async def _loop(self) -> None:
         while True:

@@ -40,7 +40,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.responses import StreamingResponse
 
-from agent_plugin.cancellation import CancelToken
+from agent_plugin.cancellation import CancelToken, stop_task
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, RunEnded, TextDeltaEvent, ThinkingDeltaEvent
 from agent_plugin.redaction import ASSIGNED_SECRET, redact_deep, redact_text
@@ -346,9 +346,7 @@ class EventPublisher:
                 await asyncio.shield(task)
         except TimeoutError:
             lost = len(self._buffer)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
             self.dropped += lost
             logger.warning("run %s: %d events not published in time", self.stream.run_id, lost)
 
@@ -541,9 +539,7 @@ def sse_response(
         finally:
             if getter is not None:
                 getter.cancel()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
             aclose = getattr(events, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
@@ -741,9 +737,7 @@ class ControlWatcher:
         """Stop carrying notices and close the pub/sub connection."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(RedisError, OSError, TimeoutError):

@@ -660,7 +660,6 @@ class _Body(httpx.AsyncByteStream):
         return line
 
     async def _chunks(self) -> AsyncIterator[bytes]:
-        buffer = self._connection.buffer
         while True:
             line = await self._line()
             digits = line.split(b";", 1)[0].rstrip(b" \t")
@@ -671,12 +670,7 @@ class _Body(httpx.AsyncByteStream):
                 while await self._line():  # trailers, until the blank line
                     pass
                 return
-            while size:
-                if not buffer:
-                    await self._more()
-                    continue
-                piece = _take(buffer, size)
-                size -= len(piece)
+            async for piece in self._exactly(size):
                 yield piece
             if await self._line():
                 raise httpx.RemoteProtocolError("a chunk is longer than its size says")
