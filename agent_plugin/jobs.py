@@ -24,11 +24,19 @@ asked for again and finished calls never run again. Only the call in flight when
 runs a second time, with the same ``run_id`` and ``call_id`` so the tool can deduplicate it.
 
 **Crashed workers.** While a job runs, its worker keeps arq's in-progress key of the job alive
-for :attr:`JobOptions.lease` seconds at a time. A worker that dies stops renewing it, and any
-worker picks the job up again within the lease (not after arq's whole job timeout). A worker
-killed in the instant between arq's claim and the first renewal leaves a claim as long as the
-job timeout; every worker looks for such claims each lease and cuts them to the lease
-(:meth:`RunQueue.release_abandoned_claims`), so that run too continues within two leases.
+for :attr:`JobOptions.lease` seconds at a time, and the run's lease in the database too. A
+worker that dies stops renewing both, and any worker picks the job up again within the lease
+(not after arq's whole job timeout). A worker killed in the instant between arq's claim and the
+first renewal leaves a claim as long as the job timeout; every worker looks for such claims each
+lease and cuts them to the lease (:meth:`RunQueue.release_abandoned_claims`), so that run too
+continues within two leases. A delivery whose claim in Redis vanished while its worker lives
+(Redis restarted) keeps the run: the lease in the database turns the second delivery away until
+it lapses, and a delivery that finds its lease taken over stops at once.
+
+**Lost jobs.** Once every ``reconcile_every`` seconds one worker of the fleet compares the
+records with Redis and queues again the job of any queued or in-progress run that has none
+(:meth:`RunQueue.reconcile`): Redis lost its data, arq dropped a job waiting longer than a day,
+or the app died between recording a run and enqueueing it.
 
 **Retries.** ``agent_run`` retries retryable failures (RateLimited, Unavailable, Transport) up
 to :attr:`JobOptions.max_attempts` attempts with exponential backoff that honours the
@@ -87,12 +95,22 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict, Unpack, cast
+from datetime import UTC, datetime, timedelta
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Literal,
+    NoReturn,
+    TypeAlias,
+    TypedDict,
+    Unpack,
+    cast,
+)
 
 import sqlalchemy as sa
 from arq.connections import ArqRedis, RedisSettings, create_pool
-from arq.constants import in_progress_key_prefix, job_key_prefix
+from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
 from arq.cron import CronJob, cron
 from arq.jobs import SerializationError, deserialize_job_raw
 from arq.worker import Retry, func
@@ -139,8 +157,8 @@ from agent_plugin.proactive import (
 from agent_plugin.redaction import redact_text, scrub
 from agent_plugin.sessions import MessageEntry, resume_in_session, run_in_session
 from agent_plugin.steering import Steering
-from agent_plugin.storage.models import RunRow
-from agent_plugin.storage.runs import RunRecord, RunStatus, SqlRunStore
+from agent_plugin.storage.models import RunRow, utcnow
+from agent_plugin.storage.runs import RunRecord, RunStatus, SqlRunStore, StalledRun
 
 if TYPE_CHECKING:
     from agent_plugin.plugin import AgentPlugin, AgentRuntime
@@ -282,8 +300,12 @@ class JobOptions:
       a crashed worker included) before it is failed as interrupted too often. Deliveries
       that never start it (Redis or the database out of reach) do not count: those are tried
       again each lease until they can.
-    * ``lease``: seconds a job's claim (and its session lock) lives without renewal: how soon
-      another worker continues the run of a worker that died.
+    * ``lease``: seconds a job's claim in Redis, its run's lease in the database and its
+      session lock live without renewal: how soon another worker continues the run of a
+      worker that died.
+    * ``reconcile_every``: seconds between a worker's checks for runs whose job vanished from
+      Redis (:meth:`RunQueue.reconcile`; one worker of the fleet checks at a time), and how
+      long a queued run must sit unchanged before its missing job counts as lost.
     * ``keep_result``: seconds arq keeps a job's (small) result; the run record stays.
     * ``max_jobs``, ``poll_delay``: the worker's concurrency and queue polling interval.
     * ``key_prefix``: prefix of the plugin's own Redis keys (session locks, retry counters,
@@ -300,6 +322,7 @@ class JobOptions:
     max_backoff: float = 60.0
     max_deliveries: int = 20
     lease: float = 15.0
+    reconcile_every: float = 60.0
     keep_result: float = 3600.0
     max_jobs: int = 10
     poll_delay: float = 0.5
@@ -319,6 +342,7 @@ class JobOptions:
             "max_deliveries": self.max_deliveries >= 1,
             "max_jobs": self.max_jobs >= 1,
             "lease": self.lease >= 0.3,
+            "reconcile_every": self.reconcile_every >= 1,
             "retry_backoff": self.retry_backoff >= 0,
             "max_backoff": self.max_backoff >= 0,
             "keep_result": self.keep_result >= 0,
@@ -489,6 +513,9 @@ A delivery that cannot reach Redis or the database is tried again each lease unt
 _SWEEP_LIMIT: Final = 1000
 """How many due jobs from the front of the queue each sweep for abandoned claims looks at."""
 
+_RECONCILE_LIMIT: Final = 500
+"""How many stalled runs one reconciliation looks at (the oldest first)."""
+
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -626,19 +653,76 @@ class RunQueue:
             )
         return released
 
-    def sweep_abandoned_claims(self, redis: ArqRedis) -> None:
-        """Run :meth:`release_abandoned_claims` now and then every lease, until :meth:`aclose`
-        (a worker does this from its startup)."""
-        if self._sweeper is None:
-            self._sweeper = asyncio.create_task(self._sweep(redis), name="agent claim sweeper")
+    async def reconcile(self, redis: ArqRedis) -> list[str]:
+        """Enqueue again the job of every run that should have one in Redis and has none;
+        their run ids.
 
-    async def _sweep(self, redis: ArqRedis) -> None:
+        A run is queued or in progress in the database while its job is gone when the app
+        died between recording the run and enqueueing it, when Redis lost its data (a
+        restart without persistence, a failover), or when arq dropped the job as expired
+        (it waited longer than a day). Such a run would wait for good, its session blocked.
+        The runs :meth:`SqlRunStore.stalled` finds (queued and unchanged for
+        ``reconcile_every`` seconds, or in progress under a lease that ran out that long ago)
+        get their job back when Redis holds neither the job nor a claim on it, under the same
+        job id, after a retry's backoff if one is pending. A delivery of a job that was not
+        lost after all is refused by the run's lease or job id, so a reconciliation that
+        races one does no harm.
+        """
+        before = utcnow() - timedelta(seconds=self.options.reconcile_every)
+        stalled = await self.store.stalled(before, limit=_RECONCILE_LIMIT)
+        restored = [run.run_id for run in stalled if await self._restore_job(redis, run)]
+        if restored:
+            logger.warning(
+                "%d run(s) had lost their job and were queued again: %s",
+                len(restored),
+                ", ".join(restored),
+            )
+        return restored
+
+    async def _restore_job(self, redis: ArqRedis, run: StalledRun) -> bool:
+        """Put the run's job back on the queue unless Redis holds it or a claim on it.
+
+        arq refuses to enqueue a job id while it keeps a result for it, so a result left by an
+        earlier delivery of the job (one that ended without moving the run on) goes first.
+        """
+        job_id = run.job_id
+        if await redis.exists(job_key_prefix + job_id, in_progress_key_prefix + job_id):
+            return False
+        await redis.delete(result_key_prefix + job_id)
+        not_before = run.not_before if run.not_before and run.not_before > utcnow() else None
+        job = await redis.enqueue_job(
+            AGENT_RESUME if run.resume else AGENT_RUN,
+            run.run_id,
+            _job_id=job_id,
+            _queue_name=self.options.queue_name,
+            _defer_until=not_before,
+        )
+        return job is not None
+
+    def maintain(self, redis: ArqRedis) -> None:
+        """Until :meth:`aclose`, run :meth:`release_abandoned_claims` every lease and
+        :meth:`reconcile` every ``reconcile_every`` seconds (one worker of the fleet at a time,
+        under a Redis lock); a worker starts this from its startup."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._maintain(redis), name="agent job upkeep")
+
+    async def _maintain(self, redis: ArqRedis) -> None:
+        every = self.options.reconcile_every
+        reconciled = time.monotonic() - every  # once at startup too
         while True:
             try:
                 await self.release_abandoned_claims(redis)
             except (TimeoutError, RedisError, OSError) as error:
                 logger.warning("cannot check for abandoned job claims: %s", error)
-            await asyncio.sleep(self.options.lease)
+            if time.monotonic() - reconciled >= every:
+                reconciled = time.monotonic()
+                try:
+                    key = f"{self.options.key_prefix}reconciling"
+                    if await redis.set(key, b"1", nx=True, px=_ms(every)):
+                        await self.reconcile(redis)
+                except (AgentError, TimeoutError, RedisError, OSError) as error:
+                    logger.warning("cannot check for runs whose job was lost: %s", error)
+            await asyncio.sleep(min(self.options.lease, every))
 
     async def aclose(self) -> None:
         """Stop watching control channels and close the connection this queue opened."""
@@ -680,6 +764,8 @@ class RunQueue:
             if not claimed:
                 raise _session_busy(args.session)
         try:
+            if claimed == 1:
+                await self._refuse_busy_session(args.session, args.run_id)
             created = await self.store.create(
                 args.run_id,
                 origin=args.origin,
@@ -733,14 +819,17 @@ class RunQueue:
                 claimed = await lock.claim(self.job_timeout + self.options.lease)
             if not claimed:
                 raise _session_busy(record.session_id)
+        job_id = f"{run_id}:resume:{uuid.uuid4().hex}"
         try:
-            await self.store.take_paused_state(run_id, list(decisions))
+            if claimed == 1:
+                await self._refuse_busy_session(record.session_id, run_id)
+            await self.store.take_paused_state(run_id, list(decisions), job_id=job_id)
             try:
                 async with self._reaching_redis():
                     await redis.enqueue_job(
                         AGENT_RESUME,
                         run_id,
-                        _job_id=f"{run_id}:resume:{uuid.uuid4().hex}",
+                        _job_id=job_id,
                         _queue_name=self.options.queue_name,
                     )
             except AgentError:
@@ -796,28 +885,45 @@ class RunQueue:
         async with self._reaching_redis():
             if await redis.exists(_lock_key(self.options.key_prefix, session)):
                 return True
+        return await self._session_runs_active(redis, session)
+
+    async def _session_runs_active(
+        self, redis: ArqRedis, session: str, *, besides: str | None = None
+    ) -> bool:
+        """Whether the records show a run of ``session`` (other than ``besides``) in progress,
+        or queued and due."""
         rows = RunRow.__table__.c
         query = (
-            sa.select(rows.run_id, rows.status)
+            sa.select(rows.run_id, rows.job_id, rows.status)
             .where(
                 rows.session_id == session,
                 rows.status.in_([RunStatus.QUEUED.value, RunStatus.IN_PROGRESS.value]),
+                rows.run_id != besides if besides is not None else sa.true(),
             )
             .limit(100)
         )
         async with self.store.database.read() as conn:
             found = (await conn.execute(query)).all()
-        if any(status == RunStatus.IN_PROGRESS.value for _, status in found):
+        if any(status == RunStatus.IN_PROGRESS.value for _, _, status in found):
             return True
-        queued = [run_id for run_id, _ in found]
+        queued = [job_id or run_id for run_id, job_id, _ in found]
         if not queued:
             return False
         async with self._reaching_redis(), redis.pipeline(transaction=False) as pipe:
-            for run_id in queued:
-                pipe.zscore(self.options.queue_name, run_id)
+            for job_id in queued:
+                pipe.zscore(self.options.queue_name, job_id)
             scores = await pipe.execute()
         now_ms = time.time() * 1000
         return any(score is not None and float(score) <= now_ms for score in scores)
+
+    async def _refuse_busy_session(self, session: str | None, run_id: str) -> None:
+        """Under ``session_lock = "reject"``, after taking a free session lock: refuse the
+        run if another run of the session is due or running all the same (its lock expired
+        while it waited in a long queue, say)."""
+        if session is not None and await self._session_runs_active(
+            await self.redis(), session, besides=run_id
+        ):
+            raise _session_busy(session)
 
     # --- the heartbeat ---------------------------------------------------------------------
 
@@ -1088,33 +1194,46 @@ class _ProgressAtCheckpoints:
 
 
 class _Keeper:
-    """Renews a job's arq in-progress key (and its session lock) while the job runs."""
+    """Renews what a running job holds: arq's in-progress key of the job and its session lock,
+    and the run's lease in the database once the delivery has started the run.
 
-    def __init__(self, redis: ArqRedis, job_id: str, lease: float) -> None:
+    The two are renewed by separate tasks, so a Redis outage (whose commands a worker retries
+    for about 15 s) does not let the database lease lapse, which would let another worker take
+    the run over when Redis is back, and a database outage does not cost the claim in Redis.
+    """
+
+    def __init__(
+        self, redis: ArqRedis, job_id: str, lease: float, run_lease: Callable[[], Awaitable[None]]
+    ) -> None:
         self.redis = redis
         self.key = in_progress_key_prefix + job_id
         self.lease = lease
         self.lock: SessionLock | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.run_lease = run_lease
+        """Renews the run's lease in the database (a no-op until the delivery started it)."""
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> _Keeper:
-        await self._renew()
-        self._task = asyncio.create_task(self._loop(), name=f"lease {self.key}")
+        await self._renew_claim()
+        self._tasks = [
+            asyncio.create_task(self._every_third_of_lease(self._renew_claim), name=self.key),
+            asyncio.create_task(self._every_third_of_lease(self.run_lease), name=self.key),
+        ]
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
-        if self._task is not None:
-            await stop_task(self._task)
+        for task in self._tasks:
+            await stop_task(task)
 
-    async def _loop(self) -> None:
+    async def _every_third_of_lease(self, renew: Callable[[], Awaitable[None]]) -> None:
         while True:
             await asyncio.sleep(self.lease / 3)
             try:
-                await self._renew()
-            except (TimeoutError, RedisError, OSError) as error:
-                logger.warning("cannot renew %s: %s", self.key, error)
+                await renew()
+            except (AgentError, TimeoutError, RedisError, OSError) as error:
+                logger.warning("cannot renew the lease of %s: %s", self.key, error)
 
-    async def _renew(self) -> None:
+    async def _renew_claim(self) -> None:
         # SET, not PEXPIRE: a claim deleted while this delivery lives (a superseded delivery of
         # the same job ended, a Redis restart lost it) comes back, so the job stays protected
         await self.redis.set(self.key, b"1", px=_ms(self.lease))
@@ -1155,6 +1274,8 @@ class _Delivery:
         self.session: str | None = None
         self.ended: AgentOutcome | OutcomeSummary | None = None
         """How the run ended (or, found ended by a re-delivery, its record's summary)."""
+        self.live: _Live | None = None
+        """The running agent's cancel token, steering and event sink."""
         self.stream: RunEventStream | None = None
         self.held_end: RunEnded | None = None
         """The agent's own ``run_end``: published once the record says how the run ended."""
@@ -1164,7 +1285,8 @@ class _Delivery:
         return {"run_id": self.run_id, "status": str(status)}
 
     async def run(self) -> dict[str, Any]:
-        async with _Keeper(self.redis, self.job_id, self.options.lease) as keeper:
+        keeper = _Keeper(self.redis, self.job_id, self.options.lease, self._renew_lease)
+        async with keeper:
             args = self.args
             if args is not None:  # enqueued with its arguments: by hand, maybe without a record
                 await self.store.create(
@@ -1173,6 +1295,7 @@ class _Delivery:
                     args=args.model_dump(mode="json"),
                     session_id=args.session,
                     memory_scope=args.memory_scope,
+                    job_id=self.job_id,
                 )
             else:
                 args = await self._stored_args()
@@ -1326,10 +1449,14 @@ class _Delivery:
 
     async def _start_and_drive(self, args: AgentRunArgs | None) -> dict[str, Any]:
         try:
-            record = await self.store.start(self.run_id, resume=self.resume)
+            record = await self.store.start(
+                self.run_id, job_id=self.job_id, lease=self.options.lease, resume=self.resume
+            )
         except AgentError as error:  # a duplicate delivery of a run that moved on
             if error.kind not in (ErrorKind.CONFLICT, ErrorKind.NOT_FOUND):
                 raise
+            if error.retry_after is not None:  # held: by a live delivery, or a retry's backoff
+                self._held_elsewhere(error.retry_after, error)
             return await self._current_status()
         attempt = self.attempt = record.attempt
         if attempt > self.options.max_deliveries:
@@ -1372,6 +1499,36 @@ class _Delivery:
             return await self._superseded(refused)
         await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
         return self.result(RunStatus.FAILED)
+
+    def _held_elsewhere(self, remaining: float, why: AgentError) -> NoReturn:
+        """The run is held by a live delivery (this job's claim in Redis vanished, or another
+        job's delivery runs it) or waits for a retry's backoff: come back when that ends,
+        leaving everything (the session lock too) to its holder."""
+        logger.info("run %s: %s", self.run_id, why.message)
+        self.superseded = True
+        raise Retry(defer=max(remaining, 0.05) + random.uniform(0, 0.1))
+
+    async def _renew_lease(self) -> None:
+        """Renew the run's lease (the keeper calls this); a run another delivery took over
+        meanwhile is cancelled here, so this delivery stops at its next step instead of
+        running on beside the new one (its checkpoints and its end are refused anyway)."""
+        attempt, live = self.attempt, self.live
+        if attempt is None or self.superseded:
+            return
+        if await self.store.renew_lease(self.run_id, attempt=attempt, lease=self.options.lease):
+            return
+        current = await self.store.get(self.run_id)
+        if current is None or current.attempt == attempt:
+            return  # it ended: the delivery is finishing
+        logger.warning(
+            "run %s was taken over by attempt %d; attempt %d stops",
+            self.run_id,
+            current.attempt,
+            attempt,
+        )
+        self.superseded = True
+        if live is not None:
+            live.cancel.cancel("taken over by another delivery")
 
     async def _forget_retries(self) -> None:
         with contextlib.suppress(RedisError, OSError, TimeoutError):
@@ -1428,7 +1585,7 @@ class _Delivery:
             await self.redis.expire(self._retries_key, 86_400)
             if retries < self.options.max_attempts:
                 delay = self.options.backoff(retries, error.retry_after)
-                await self.store.requeue(self.run_id, attempt=attempt)
+                await self.store.requeue(self.run_id, attempt=attempt, not_before=delay)
                 logger.info(
                     "run %s: %s; attempt %d of %d in %.1f s",
                     self.run_id,
@@ -1482,7 +1639,7 @@ class _Delivery:
         """Run :meth:`_drive_live` while the run's events go to its Redis stream and its
         control channel (cancel, steering) reaches its :class:`CancelToken` and
         :class:`Steering`, from any process."""
-        live = _Live(CancelToken(), Steering(), None)
+        live = self.live = _Live(CancelToken(), Steering(), None)
         async with contextlib.AsyncExitStack() as stack:
             if self.options.events:
                 publish = await stack.enter_async_context(self._event_stream().publisher())
@@ -1765,7 +1922,7 @@ def worker_settings(plugin: AgentPlugin, options: JobOptions, **overrides: Any) 
         if queue is None:  # pragma: no cover - start_worker turns jobs on
             raise AgentError.config("background runs are off for this plugin")
         queue.attach(ctx["redis"])
-        queue.sweep_abandoned_claims(ctx["redis"])
+        queue.maintain(ctx["redis"])
         ctx[_RUNTIME_KEY] = runtime
         logger.info("agent worker started: %r, %r", runtime, queue)
         if runtime.heartbeat is not None:

@@ -304,16 +304,16 @@ async def test_a_stale_delivery_of_a_decided_run_leaves_the_approved_calls_to_th
     assert queue is not None
     # decisions accepted, and the paused run's own job delivered again (its worker had died
     # before arq ended it) before the resume job runs
-    await queue.store.take_paused_state(run_id, [ApprovalDecision.approve(call)])
+    resume = f"{run_id}:resume:late"
+    await queue.store.take_paused_state(run_id, [ApprovalDecision.approve(call)], job_id=resume)
     redis = await queue.redis()
-    stale = f"{run_id}:stale"
-    await redis.enqueue_job(AGENT_RUN, run_id, _job_id=stale, _queue_name=env.queue)
-    result = await (await _job(redis, stale, env)).result(timeout=10)
-    assert result == {"run_id": run_id, "status": "queued"}
+    await redis.delete(f"arq:result:{run_id}")  # (arq would not take the same id again)
+    for function, stale in ((AGENT_RUN, run_id), (AGENT_RESUME, f"{run_id}:resume:other")):
+        await redis.enqueue_job(function, run_id, _job_id=stale, _queue_name=env.queue)
+        result = await (await _job(redis, stale, env)).result(timeout=10)
+        assert result == {"run_id": run_id, "status": "queued"}
     assert tool_lines(env, run_id) == []  # the approved call waits for its resume
-    await redis.enqueue_job(
-        AGENT_RESUME, run_id, _job_id=f"{run_id}:resume:late", _queue_name=env.queue
-    )
+    await redis.enqueue_job(AGENT_RESUME, run_id, _job_id=resume, _queue_name=env.queue)
     assert (await poll(served.client, path))["status"] == "complete"
     assert [list(x.args[2:]) for x in tool_lines(env, run_id)] == [["send", "w"]]
 
@@ -564,6 +564,23 @@ async def test_the_reject_policy_answers_409_while_the_session_is_busy(env: Jobs
         assert (await poll(served.client, elsewhere))["status"] == "complete"
 
 
+async def test_the_reject_policy_holds_even_when_the_session_lock_expired(
+    env: JobsEnv, redis_client: aioredis.Redis
+) -> None:
+    session = f"x-{time.monotonic_ns()}"
+    async with serve(env, AGENT_SESSION_LOCK="reject") as served:
+        _, slow = plan(rounds=[[["effect", "1"]]], model_delay=1.0)
+        path = await start(served, slow, session=session)
+        await poll(served.client, path, until=lambda r: r["status"] == "in_progress")
+        # the lock's time ran out (it waited in a long queue, say): the record still counts
+        await redis_client.delete(f"{env.prefix}session-lock:{session}")
+        _, other = plan()
+        busy = await served.client.post("/agent/runs", json={"prompt": other, "session": session})
+        assert busy.status_code == 409, busy.text
+        assert (await poll(served.client, path))["status"] == "complete"
+        assert not await redis_client.exists(f"{env.prefix}session-lock:{session}")
+
+
 async def test_cancelling_a_queued_run_frees_its_session_for_the_reject_policy(
     env: JobsEnv,
 ) -> None:
@@ -764,12 +781,45 @@ async def test_a_live_delivery_keeps_its_claim_even_when_the_key_is_deleted(
 ) -> None:
     job_id = f"keeper-{time.monotonic_ns()}"
     key = f"arq:in-progress:{job_id}"
-    async with _Keeper(redis_client, job_id, lease=0.3):  # type: ignore[arg-type]
+    renewals: list[float] = []
+
+    async def run_lease() -> None:
+        renewals.append(time.monotonic())
+
+    async with _Keeper(redis_client, job_id, 0.3, run_lease):  # type: ignore[arg-type]
         assert 0 < await redis_client.pttl(key) <= 300
         await redis_client.delete(key)  # a superseded delivery of the same job ended
         await asyncio.sleep(0.25)
         assert 0 < await redis_client.pttl(key) <= 300
     await redis_client.delete(key)
+    assert renewals  # the run's lease in the database too
+
+
+class RestartingRedis:
+    """A Redis that goes down after the first command: later ones fail slowly, as a worker's
+    retried commands do while Redis restarts."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def set(self, *_args: object, **_kwargs: object) -> None:
+        self.calls += 1
+        if self.calls > 1:
+            await asyncio.sleep(1.0)
+            raise RedisConnectionError("Connection refused")
+
+
+async def test_a_redis_outage_does_not_stop_the_runs_lease_in_the_database() -> None:
+    renewals: list[float] = []
+    redis = RestartingRedis()
+
+    async def run_lease() -> None:
+        renewals.append(time.monotonic())
+
+    async with _Keeper(redis, "job", 0.3, run_lease):  # type: ignore[arg-type]
+        await asyncio.sleep(0.75)
+    assert redis.calls >= 2  # the claim's renewal hung on Redis ...
+    assert len(renewals) >= 4, renewals  # ... while the run's lease was renewed every lease/3
 
 
 def test_the_demo_worker_is_built_from_the_demo_plugin() -> None:

@@ -16,7 +16,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +64,15 @@ from agent_plugin.storage import (
     SqlRunStore,
     SqlSessionStore,
 )
-from agent_plugin.storage.models import JSON_TYPE, Base, RunCheckpointRow, RunRow, UtcDateTime
-from agent_plugin.storage.runs import status_of
+from agent_plugin.storage.models import (
+    JSON_TYPE,
+    Base,
+    RunCheckpointRow,
+    RunRow,
+    UtcDateTime,
+    utcnow,
+)
+from agent_plugin.storage.runs import StalledRun, status_of
 from agent_plugin.tools import FnTool, ToolEffect
 from tests import test_storage
 from tests.store_conformance import report
@@ -412,7 +419,9 @@ async def test_decisions_are_accepted_once_and_the_resume_finishes(database: Dat
 
     # a stale delivery of the paused run may not take them: it would run approved calls again
     error = await refused(store.start(run_id), ErrorKind.CONFLICT)
-    assert error.message == f"run {run_id} is queued: cannot start it"
+    assert error.message == (
+        f"run {run_id} is queued: cannot start it (decisions wait for its resume)"
+    )
     # the resume job: reads what was accepted, resumes the agent, records the outcome
     await store.start(run_id, resume=True)
     await store.start(run_id, resume=True)  # its own re-delivery after a crash may
@@ -965,9 +974,9 @@ async def test_malformed_values_are_typed_decode_errors(database: Database) -> N
 # --- the migration -----------------------------------------------------------------------
 
 
-@pytest.fixture
-async def at_0001(backend: str, tmp_path: Path) -> AsyncIterator[Database]:
-    """A database migrated to revision 0001 only."""
+@asynccontextmanager
+async def database_at(revision: str, backend: str, tmp_path: Path) -> AsyncIterator[Database]:
+    """A database migrated to ``revision`` only."""
     schema: PostgresSchema | None = None
     if backend == "sqlite":
         database = Database(sqlite_url(tmp_path / "old.db"))
@@ -976,12 +985,24 @@ async def at_0001(backend: str, tmp_path: Path) -> AsyncIterator[Database]:
         await schema.create()
         database = schema.database()
     try:
-        await database.migrate("0001")
+        await database.migrate(revision)
         yield database
     finally:
         await database.dispose()
         if schema is not None:
             await schema.drop()
+
+
+@pytest.fixture
+async def at_0001(backend: str, tmp_path: Path) -> AsyncIterator[Database]:
+    async with database_at("0001", backend, tmp_path) as database:
+        yield database
+
+
+@pytest.fixture
+async def at_0002(backend: str, tmp_path: Path) -> AsyncIterator[Database]:
+    async with database_at("0002", backend, tmp_path) as database:
+        yield database
 
 
 OLD_RUNS = sa.table(
@@ -1018,7 +1039,7 @@ async def test_runs_recorded_before_0002_survive_the_upgrade(at_0001: Database) 
             )
         )
     await database.migrate()
-    assert await database.current_revision() == "0002"
+    assert await database.current_revision() == "0003"
     store = SqlRunStore(database)
     record = await store.get("old")
     assert record is not None
@@ -1110,3 +1131,160 @@ async def test_no_secret_reaches_any_table(database: Database) -> None:
         "password": REDACTED,
         "note": f"key {REDACTED}",
     }
+
+
+RUNS_AT_0002 = sa.table(
+    "agent_runs",
+    *(sa.column(name) for name in ("run_id", "status", "origin", "progress_pct", "attempt")),
+    sa.column("decisions", JSON_TYPE),
+    sa.column("created_at", UtcDateTime()),
+    sa.column("updated_at", UtcDateTime()),
+)
+
+
+async def test_runs_recorded_before_0003_get_their_job_and_no_lease(at_0002: Database) -> None:
+    database = at_0002
+    then = datetime(2026, 6, 1, 12, tzinfo=UTC)
+    common = {"origin": "request", "progress_pct": 0, "created_at": then, "updated_at": then}
+    async with database.write() as conn:
+        await conn.execute(
+            sa.insert(RUNS_AT_0002),
+            [
+                {"run_id": "queued", "status": "queued", "attempt": 0, **common},
+                {"run_id": "running", "status": "in_progress", "attempt": 1, **common},
+            ],
+        )
+        decided = [{"call_id": "c", "action": "approve"}]
+        await conn.execute(
+            sa.insert(RUNS_AT_0002).values(
+                run_id="deciding", status="queued", attempt=1, decisions=decided, **common
+            )
+        )
+    await database.migrate()
+    assert await database.current_revision() == "0003"
+    async with database.read() as conn:
+        jobs = dict((await conn.execute(sa.select(RunRow.run_id, RunRow.job_id))).all())
+    assert jobs == {"queued": "queued", "running": "running", "deciding": None}
+    store = SqlRunStore(database)
+    # their own jobs start them; a resume queued before the upgrade is started by its job
+    await refused(store.start("queued", job_id="someone-else"), ErrorKind.CONFLICT)
+    assert (await store.start("queued", job_id="queued", lease=30)).attempt == 1
+    assert (await store.start("running", job_id="running", lease=30)).attempt == 2
+    assert (await store.start("deciding", job_id="deciding:resume:1", resume=True)).attempt == 2
+    await database.downgrade("0002")  # and back down
+    assert await database.current_revision() == "0002"
+
+
+# --- leases and jobs -----------------------------------------------------------------------
+
+
+async def test_a_leased_run_is_not_taken_over_until_its_lease_ends(database: Database) -> None:
+    store = SqlRunStore(database)
+    run_id = new_run_id()
+    await store.create(run_id, origin="request", args={"prompt": "p"})
+    first = await store.start(run_id, job_id=run_id, lease=30)
+    assert first.attempt == 1
+
+    # a second delivery of the same job (its claim in Redis vanished) waits for the lease
+    error = await refused(store.start(run_id, job_id=run_id, lease=30), ErrorKind.CONFLICT)
+    assert error.retry_after is not None
+    assert 29 < error.retry_after <= 30
+    assert f"run {run_id} is in_progress, held by attempt 1 until " in error.message
+    record = await store.get(run_id)
+    assert record is not None
+    assert record.attempt == 1  # nothing moved
+
+    # the live delivery renews; a lease that ran out lets the next delivery take over
+    assert await store.renew_lease(run_id, attempt=1, lease=0.2)
+    await asyncio.sleep(0.3)
+    second = await store.start(run_id, job_id=run_id, lease=30)
+    assert second.attempt == 2
+    assert not await store.renew_lease(run_id, attempt=1, lease=30)  # the old one learns it
+    assert await store.renew_lease(run_id, attempt=2, lease=30)
+
+    # the run's end clears the lease; renewals of an ended run are refused
+    await store.finish(run_id, Completed(text="x", steps_used=1, usage=TokenUsage()), attempt=2)
+    assert not await store.renew_lease(run_id, attempt=2, lease=30)
+    async with database.read() as conn:
+        lease = await conn.scalar(sa.select(RunRow.lease_until).where(RunRow.run_id == run_id))
+    assert lease is None
+
+
+async def test_a_retry_backoff_holds_the_run_even_without_its_job(database: Database) -> None:
+    store = SqlRunStore(database)
+    run_id = new_run_id()
+    await store.create(run_id, origin="request", args={"prompt": "p"})
+    await store.start(run_id, job_id=run_id, lease=30)
+    await store.requeue(run_id, attempt=1, not_before=30)
+    error = await refused(store.start(run_id, job_id=run_id, lease=30), ErrorKind.CONFLICT)
+    assert "waiting for a retry's backoff" in error.message
+    assert error.retry_after is not None
+    assert 29 < error.retry_after <= 30
+
+    async with database.write() as conn:  # the backoff passes
+        await conn.execute(
+            sa.update(RunRow).where(RunRow.run_id == run_id).values(lease_until=utcnow())
+        )
+    assert (await store.start(run_id, job_id=run_id, lease=0.1)).attempt == 2
+    await store.requeue(run_id, attempt=2)  # a shutdown's requeue: no backoff to wait for
+    assert (await store.start(run_id, job_id=run_id, lease=30)).attempt == 3
+
+
+async def test_only_the_runs_current_job_may_start_it(database: Database) -> None:
+    store = SqlRunStore(database)
+    run_id, _ = await paused_run(store)
+    await store.take_paused_state(
+        run_id, [ApprovalDecision.approve("s0"), ApprovalDecision.approve("s1")], job_id="r:1"
+    )
+    for job_id, resume in ((run_id, False), (run_id, True), ("r:0", True)):
+        error = await refused(
+            store.start(run_id, job_id=job_id, lease=30, resume=resume), ErrorKind.CONFLICT
+        )
+        assert error.message == (
+            f"run {run_id} is queued for job r:1: job {job_id} cannot start it"
+        )
+        assert error.retry_after is None  # never this job's: nothing to wait for
+    assert (await store.start(run_id, job_id="r:1", lease=30, resume=True)).attempt == 2
+
+    # a new run's job is its run id unless the enqueue names another
+    other = new_run_id()
+    await store.create(other, origin="request", args={}, job_id="custom")
+    await refused(store.start(other, job_id=other), ErrorKind.CONFLICT)
+    assert (await store.start(other, job_id="custom")).status is RunStatus.IN_PROGRESS
+
+
+async def test_stalled_runs_are_those_a_job_should_be_running(database: Database) -> None:
+    store = SqlRunStore(database)
+    ids = {name: new_run_id() for name in ("old", "new", "dead", "alive", "done")}
+    for run_id in ids.values():
+        await store.create(run_id, origin="request", args={"prompt": "p"})
+    for name in ("dead", "alive", "done"):
+        await store.start(ids[name], job_id=ids[name], lease=0.05 if name == "dead" else 30)
+    await store.finish(ids["done"], Completed(text="x", steps_used=1, usage=TokenUsage()))
+    paused_id, _ = await paused_run(store)
+    resumed_id, _ = await paused_run(store)
+    await store.take_paused_state(
+        resumed_id,
+        [ApprovalDecision.approve("s0"), ApprovalDecision.approve("s1")],
+        job_id="resume-job",
+    )
+    await asyncio.sleep(0.1)
+    cutoff = utcnow()
+    async with database.write() as conn:  # "new" changed after the cutoff
+        await conn.execute(
+            sa.update(RunRow)
+            .where(RunRow.run_id == ids["new"])
+            .values(updated_at=cutoff + timedelta(seconds=1))
+        )
+    mine = {*ids.values(), paused_id, resumed_id}
+    stalled = {run.run_id: run for run in await store.stalled(cutoff) if run.run_id in mine}
+    names = {run_id: name for name, run_id in ids.items()} | {
+        paused_id: "paused_id",
+        resumed_id: "resumed_id",
+    }
+    assert {names[run_id] for run_id in stalled} == {"old", "dead", "resumed_id"}
+    assert stalled[ids["old"]] == StalledRun(ids["old"], ids["old"], False, None)
+    assert stalled[resumed_id] == StalledRun(resumed_id, "resume-job", True, None)
+    assert paused_id not in stalled
+    assert len(await store.stalled(cutoff, limit=1)) == 1
+    assert await store.stalled(datetime(2000, 1, 1, tzinfo=UTC)) == []

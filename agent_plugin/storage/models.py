@@ -199,7 +199,10 @@ class RunRow(Base):
     arguments redacted); ``state`` (the :class:`~agent_plugin.outcomes.RunState` of a paused
     run), ``decisions`` (the reviewers' accepted decisions, until the resume finishes) and
     ``args`` (the job's arguments) stay on the server. ``version`` moves on every change of
-    status, so a decision is accepted against exactly one pause (compare-and-set).
+    status, so a decision is accepted against exactly one pause (compare-and-set). ``job_id``
+    is the arq job that may start the run (another job's delivery is stale) and
+    ``lease_until`` the time before which no other delivery may start it (its worker's lease,
+    or a retry's backoff).
     """
 
     __tablename__ = "agent_runs"
@@ -230,6 +233,8 @@ class RunRow(Base):
     args: Mapped[dict[str, Any] | None]
     decisions: Mapped[list[Any] | None]
     version: Mapped[int] = mapped_column(sa.Integer, default=0, server_default=sa.text("0"))
+    job_id: Mapped[str | None] = mapped_column(sa.String(255))
+    lease_until: Mapped[datetime | None]
 
 
 class RunCheckpointRow(Base):

@@ -4,7 +4,7 @@ A run's record (a row of ``agent_runs``) moves like this; any other move is ``CO
 
     move               from                                 to
     create             (nothing)                            queued
-    start              queued, in_progress (a re-delivery)  in_progress   (attempt + 1)
+    start              queued, in_progress (a re-delivery)  in_progress   (attempt + 1, leased)
     progress           in_progress                          (progress only)
     finish             queued, in_progress                  complete | awaiting_approval | cancelled
     fail               queued, in_progress                  failed
@@ -22,6 +22,14 @@ validates the decisions against the state it read and then moves the run on only
 version is still the one it read (compare-and-set), so a decision is accepted once, against
 exactly one pause, however many requests race.
 
+**Leases.** A worker starts a run for one arq job (``job_id``: the run's own job, or its resume
+job once decisions are accepted) and holds it for ``lease`` seconds, renewed while it runs
+(:meth:`SqlRunStore.renew_lease`). Until the lease ends no other delivery may start the run:
+one whose claim in Redis vanished (Redis restarted, or it was unreachable for longer than a
+lease) is refused with ``CONFLICT`` carrying ``retry_after``, while the worker that runs it is
+alive. A retry's backoff holds a requeued run the same way. A delivery of another job is
+refused for as long as the run is not its job's.
+
 Step checkpoints (:meth:`SqlRunStore.journal`) are rows of ``agent_run_checkpoints``, one
 ``INSERT`` each (with the run's progress in the same transaction when the journal is given a
 ``progress`` rule), numbered per run; the primary key ``(run_id, seq)`` makes two writers of one
@@ -38,7 +46,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
@@ -64,7 +73,7 @@ from agent_plugin.outcomes import (
 from agent_plugin.storage.database import Database
 from agent_plugin.storage.models import RunCheckpointRow, RunRow, utcnow
 
-__all__ = ["RunRecord", "RunStatus", "SqlRunJournal", "SqlRunStore"]
+__all__ = ["RunRecord", "RunStatus", "SqlRunJournal", "SqlRunStore", "StalledRun"]
 
 _RUNS: Final = RunRow
 _CHECKPOINTS: Final = RunCheckpointRow
@@ -100,6 +109,7 @@ _RUNNABLE: Final = (RunStatus.QUEUED, RunStatus.IN_PROGRESS)
 """A worker may start, finish or fail a run in these states (in progress: a re-delivery)."""
 _CANCELLABLE: Final = (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL)
 _CANCEL_TRIES: Final = 3
+_START_TRIES: Final = 3
 
 
 class RunRecord(BaseModel):
@@ -141,6 +151,18 @@ def status_of(outcome: AgentOutcome) -> RunStatus:
     return RunStatus.COMPLETE  # completed, budget_exhausted, loop_detected, unknown
 
 
+@dataclass(frozen=True, slots=True)
+class StalledRun:
+    """A run that should have a job on the queue (see :meth:`SqlRunStore.stalled`)."""
+
+    run_id: str
+    job_id: str
+    resume: bool
+    """Its job is the resume after approval (``agent_resume``), not ``agent_run``."""
+    not_before: datetime | None
+    """A retry's backoff: the job is due no sooner than this."""
+
+
 class SqlRunStore:
     """Run records and step checkpoints in the plugin's tables, through a shared
     :class:`Database`.
@@ -167,16 +189,19 @@ class SqlRunStore:
         args: Mapping[str, Any],
         session_id: str | None = None,
         memory_scope: str | None = None,
+        job_id: str | None = None,
     ) -> bool:
         """Record a new queued run; ``False`` (nothing changed) if ``run_id`` already exists.
 
         ``args`` are the job's arguments as JSON-able data (:meth:`args` gives them back to a
-        retry or a resume). Enqueueing the same run twice is a no-op.
+        retry or a resume). ``job_id`` is the arq job that will run it (default: the run id).
+        Enqueueing the same run twice is a no-op.
         """
         _check_run_id(run_id)
         _check_text("origin", origin, _ORIGIN_MAX, required=True)
         _check_text("session_id", session_id, _NAME_MAX)
         _check_text("memory_scope", memory_scope, _NAME_MAX)
+        _check_text("job_id", job_id, _NAME_MAX)
         stored_args = _json_args(run_id, args)
         now = utcnow()
         async with self.database.write() as conn:
@@ -190,6 +215,7 @@ class SqlRunStore:
                 attempt=0,
                 version=0,
                 args=stored_args,
+                job_id=job_id or run_id,
                 created_at=now,
                 updated_at=now,
             )
@@ -219,22 +245,96 @@ class SqlRunStore:
             text = await conn.scalar(_ARGS_OF, {"run": run_id})
         return _decode(run_id, "args", text, _ARGS)
 
-    async def start(self, run_id: str, *, resume: bool = False) -> RunRecord:
+    async def start(
+        self,
+        run_id: str,
+        *,
+        job_id: str | None = None,
+        lease: float | None = None,
+        resume: bool = False,
+    ) -> RunRecord:
         """A worker starts (or, after a crash, restarts) the run: ``in_progress``.
 
         Counts the attempt and sets ``started_at`` the first time. A run that is not queued or
         in progress (finished, paused, cancelled) is not started again: ``CONFLICT``, so a
-        re-delivered job for a finished run does nothing. Decisions accepted for a paused run
-        are its resume's (``resume=True``): any other delivery is refused (``CONFLICT``), since
-        a stale delivery of the paused run would run the approved calls a second time. Unknown
-        run: ``NOT_FOUND``.
+        re-delivered job for a finished run does nothing. Unknown run: ``NOT_FOUND``.
+
+        * ``job_id``: the arq job of the delivery; a run that belongs to another job (a stale
+          delivery of its own job once a resume is queued) is refused: ``CONFLICT``.
+        * ``lease``: seconds the delivery holds the run (renew with :meth:`renew_lease`).
+          While another delivery's lease (or a retry's backoff) lasts, the run is refused with
+          ``CONFLICT`` whose ``retry_after`` says how long it still lasts. Without a lease,
+          nothing holds the run once started.
+        * ``resume``: decisions accepted for a paused run are its resume's; any other delivery
+          is refused (``CONFLICT``), since a stale delivery of the paused run would run the
+          approved calls a second time.
         """
-        statement = _START if resume else _START_WITHOUT_DECISIONS
+        statement = _STARTS[job_id is not None, not resume]
+        for _ in range(_START_TRIES):
+            now = utcnow()
+            values = {
+                "run": run_id,
+                "now": now,
+                "job": job_id,
+                "lease_until": now + timedelta(seconds=lease) if lease is not None else None,
+            }
+            async with self.database.write() as conn:
+                row = (await conn.execute(statement, values)).one_or_none()
+            if row is not None:
+                return _record(row._mapping)
+            refusal = await self._start_refusal(run_id, job_id, resume=resume)
+            if refusal is not None:
+                raise refusal
+        raise AgentError(
+            ErrorKind.CONFLICT, f"run {run_id} kept changing while being started; try again"
+        )
+
+    async def renew_lease(self, run_id: str, *, attempt: int, lease: float) -> bool:
+        """Extend the lease of the delivery that started ``attempt`` to ``lease`` seconds from
+        now; ``False`` when the run is no longer in progress at that attempt (it ended, or a
+        later delivery took it over)."""
+        update = (
+            sa.update(_RUNS)
+            .where(
+                _RUNS.run_id == run_id,
+                _RUNS.attempt == attempt,
+                _RUNS.status == RunStatus.IN_PROGRESS.value,
+            )
+            .values(lease_until=utcnow() + timedelta(seconds=lease))
+        )
         async with self.database.write() as conn:
-            row = (await conn.execute(statement, {"run": run_id, "now": utcnow()})).one_or_none()
-        if row is not None:
-            return _record(row._mapping)
-        raise await self._refusal(run_id, "start it")
+            return bool((await conn.execute(update)).rowcount)
+
+    async def stalled(self, before: datetime, *, limit: int = 500) -> list[StalledRun]:
+        """Runs that should have a job on the queue, as of ``before``: queued and unchanged
+        since then, or in progress with a lease that ended by then. A run whose job is
+        missing from Redis (lost in a Redis restart, dropped by arq as expired, never enqueued
+        because the app died after recording it) is among them; a reconciler enqueues its job
+        again (:meth:`agent_plugin.jobs.RunQueue.reconcile`). Oldest first, at most ``limit``.
+        """
+        lapsed = sa.or_(
+            _RUNS.lease_until < before,
+            sa.and_(_RUNS.lease_until.is_(None), _RUNS.updated_at < before),
+        )
+        query = (
+            sa.select(_RUNS.run_id, _RUNS.job_id, _RUNS.decisions.is_not(None), _RUNS.lease_until)
+            .where(
+                _RUNS.job_id.is_not(None),
+                sa.or_(
+                    sa.and_(_RUNS.status == RunStatus.QUEUED.value, _RUNS.updated_at < before),
+                    sa.and_(_RUNS.status == RunStatus.IN_PROGRESS.value, lapsed),
+                ),
+            )
+            .order_by(_RUNS.updated_at)
+            .limit(limit)
+        )
+        async with self.database.read() as conn:
+            rows = (await conn.execute(query)).all()
+        return [
+            StalledRun(run_id, job_id, bool(resume), lease_until)
+            for run_id, job_id, resume, lease_until in rows
+            if job_id is not None  # (the query asks for it; the type does not know)
+        ]
 
     async def progress(self, run_id: str, pct: int, message: str) -> None:
         """Report progress of a run in progress (one ``UPDATE``; ``pct`` is kept in 0..100).
@@ -267,6 +367,7 @@ class SqlRunStore:
             "state": state.model_dump(mode="json") if state is not None else sa.null(),
             "decisions": sa.null(),
             "error": sa.null(),
+            "lease_until": sa.null(),
             "updated_at": now,
         }
         if status.finished:
@@ -289,20 +390,31 @@ class SqlRunStore:
             outcome=sa.null(),
             state=sa.null(),
             decisions=sa.null(),
+            lease_until=sa.null(),
             finished_at=now,
             updated_at=now,
         )
 
-    async def requeue(self, run_id: str, *, attempt: int | None = None) -> None:
+    async def requeue(
+        self, run_id: str, *, attempt: int | None = None, not_before: float | None = None
+    ) -> None:
         """A running run goes back to ``queued`` because a retry is coming (queued: no-op;
-        ``attempt`` as for :meth:`finish`)."""
+        ``attempt`` as for :meth:`finish`). With ``not_before``, no delivery may start it for
+        that many seconds (the retry's backoff, kept even if its worker dies before arq
+        defers the job)."""
         where = [_RUNS.run_id == run_id, _RUNS.status == RunStatus.IN_PROGRESS.value]
         if attempt is not None:
             where.append(_RUNS.attempt == attempt)
+        now = utcnow()
         update = (
             sa.update(_RUNS)
             .where(*where)
-            .values(status=RunStatus.QUEUED.value, version=_RUNS.version + 1, updated_at=utcnow())
+            .values(
+                status=RunStatus.QUEUED.value,
+                version=_RUNS.version + 1,
+                lease_until=now + timedelta(seconds=not_before) if not_before else None,
+                updated_at=now,
+            )
         )
         async with self.database.write() as conn:
             if (await conn.execute(update)).rowcount == 1:
@@ -349,6 +461,8 @@ class SqlRunStore:
                 outcome=summary.model_dump(mode="json"),
                 state=sa.null(),
                 decisions=sa.null(),
+                job_id=sa.null(),
+                lease_until=sa.null(),
                 finished_at=now,
                 updated_at=now,
             )
@@ -362,7 +476,7 @@ class SqlRunStore:
     # --- approvals -------------------------------------------------------------------------
 
     async def take_paused_state(
-        self, run_id: str, decisions: Sequence[ApprovalDecision]
+        self, run_id: str, decisions: Sequence[ApprovalDecision], *, job_id: str | None = None
     ) -> RunState:
         """Accept reviewers' decisions for a paused run: ``awaiting_approval`` -> ``queued``.
 
@@ -371,7 +485,8 @@ class SqlRunStore:
         paused: ``CONFLICT`` (``run <id> is <status>, not awaiting approval``), so a second
         request for the same pause is refused: a decision is accepted once. Unknown run:
         ``NOT_FOUND``. Returns the stored state; the decisions are stored with the record for
-        the resume job (:meth:`pending_resume`).
+        the resume job (:meth:`pending_resume`), whose arq job id is ``job_id`` (from then on
+        only that job's deliveries may start the run; ``None``: any delivery of the resume).
         """
         decided = list(decisions)
         async with self.database.read() as conn:
@@ -391,6 +506,7 @@ class SqlRunStore:
         if state is None:
             raise _decode_error(run_id, "state", "a paused run has no stored state")
         _check_decisions(run_id, state, decided)
+        _check_text("job_id", job_id, _NAME_MAX)
         update = (
             sa.update(_RUNS)
             .where(_RUNS.run_id == run_id, _RUNS.version == version)
@@ -399,6 +515,8 @@ class SqlRunStore:
                 version=version + 1,
                 decisions=[d.model_dump(mode="json") for d in decided],
                 outcome=sa.null(),
+                job_id=job_id,
+                lease_until=sa.null(),
                 updated_at=utcnow(),
             )
         )
@@ -432,6 +550,7 @@ class SqlRunStore:
                 status=RunStatus.AWAITING_APPROVAL.value,
                 version=_RUNS.version + 1,
                 decisions=sa.null(),
+                job_id=sa.null(),
                 outcome=outcome.model_dump(mode="json") if outcome is not None else sa.null(),
                 updated_at=utcnow(),
             )
@@ -529,6 +648,47 @@ class SqlRunStore:
                     f"not {attempt}): cannot {action} it",
                 )
         raise await self._refusal(run_id, action + " it")
+
+    async def _start_refusal(
+        self, run_id: str, job_id: str | None, *, resume: bool
+    ) -> AgentError | None:
+        """Why :meth:`start` did not start the run; ``None`` when nothing stands in the way
+        any more (a lease ended between the two reads: try again)."""
+        query = sa.select(
+            _RUNS.status,
+            _RUNS.attempt,
+            _RUNS.job_id,
+            _RUNS.lease_until,
+            _RUNS.decisions.is_not(None),
+        ).where(_RUNS.run_id == run_id)
+        async with self.database.read() as conn:
+            head = (await conn.execute(query)).one_or_none()
+        if head is None:
+            return _not_found(run_id)
+        status, attempt, owner, lease_until, decided = head
+        if status not in _RUNNABLE:
+            return _conflict(run_id, status, "start it")
+        if job_id is not None and owner is not None and owner != job_id:
+            return AgentError(
+                ErrorKind.CONFLICT,
+                f"run {run_id} is {status} for job {owner}: job {job_id} cannot start it",
+            )
+        if decided and not resume:
+            return _conflict(run_id, status, "start it (decisions wait for its resume)")
+        now = utcnow()
+        if lease_until is not None and lease_until > now:
+            holder = (
+                f"held by attempt {attempt}"
+                if status == RunStatus.IN_PROGRESS.value
+                else "waiting for a retry's backoff"
+            )
+            return AgentError(
+                ErrorKind.CONFLICT,
+                f"run {run_id} is {status}, {holder} until {lease_until.isoformat()}: "
+                "cannot start it before then",
+                retry_after=(lease_until - now).total_seconds(),
+            )
+        return None
 
     async def _refusal(self, run_id: str, action: str) -> AgentError:
         """Why a move did not happen: NOT_FOUND, or CONFLICT naming the run's status."""
@@ -709,19 +869,46 @@ _BY_RUN_ID: Final = _RUNS.run_id == sa.bindparam("run", type_=sa.String())
 _NOW: Final = sa.bindparam("now", type_=_RUNS.__table__.c.updated_at.type)
 _GET: Final = sa.select(*_RECORD_COLUMNS).where(_BY_RUN_ID)
 _ARGS_OF: Final = sa.select(_text(_RUNS.args)).where(_BY_RUN_ID)
-_START: Final = (
-    sa.update(_RUNS)
-    .where(_BY_RUN_ID, _RUNS.status.in_([s.value for s in _RUNNABLE]))
-    .values(
-        status=RunStatus.IN_PROGRESS.value,
-        attempt=_RUNS.attempt + 1,
-        version=_RUNS.version + 1,
-        started_at=sa.func.coalesce(_RUNS.started_at, _NOW),
-        updated_at=_NOW,
+
+
+def _start_statement(*, of_job: bool, without_decisions: bool) -> sa.Update:
+    """The ``UPDATE`` of :meth:`SqlRunStore.start`: a runnable run whose lease has ended
+    becomes ``in_progress`` under the next attempt and a new lease; with ``of_job``, only for
+    the job bound as ``job`` (or a run that names none); with ``without_decisions``, only a
+    run holding no accepted decisions."""
+    where = [
+        _BY_RUN_ID,
+        _RUNS.status.in_([s.value for s in _RUNNABLE]),
+        sa.or_(_RUNS.lease_until.is_(None), _RUNS.lease_until <= _NOW),
+    ]
+    if of_job:
+        job = sa.bindparam("job", type_=sa.String())
+        where.append(sa.or_(_RUNS.job_id.is_(None), _RUNS.job_id == job))
+    if without_decisions:
+        where.append(_RUNS.decisions.is_(None))
+    return (
+        sa.update(_RUNS)
+        .where(*where)
+        .values(
+            status=RunStatus.IN_PROGRESS.value,
+            attempt=_RUNS.attempt + 1,
+            version=_RUNS.version + 1,
+            lease_until=sa.bindparam("lease_until", type_=_RUNS.__table__.c.lease_until.type),
+            started_at=sa.func.coalesce(_RUNS.started_at, _NOW),
+            updated_at=_NOW,
+        )
+        .returning(*_RECORD_COLUMNS)
     )
-    .returning(*_RECORD_COLUMNS)
-)
-_START_WITHOUT_DECISIONS: Final = _START.where(_RUNS.decisions.is_(None))
+
+
+_STARTS: Final = {
+    (of_job, without_decisions): _start_statement(
+        of_job=of_job, without_decisions=without_decisions
+    )
+    for of_job in (False, True)
+    for without_decisions in (False, True)
+}
+"""The start statements by ``(of_job, without_decisions)``, built once."""
 _PROGRESS: Final = (
     sa.update(_RUNS)
     .where(_BY_RUN_ID, _RUNS.status == RunStatus.IN_PROGRESS.value)

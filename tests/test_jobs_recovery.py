@@ -1,0 +1,237 @@
+"""Background runs that lost their job or their worker's claim [SPEC §6, HV-01].
+
+What the run's record in the database says wins over what Redis holds: a run whose job
+vanished from Redis is queued again by the reconciler, a run a live worker holds is not taken
+over when its claim in Redis vanished, and a worker whose run was taken over stops. Real Redis,
+a SQLite database, the deliveries in this process or in a worker process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from arq.worker import Retry
+
+from agent_plugin.jobs import AGENT_RUN, AgentRunArgs, RunQueue, agent_run
+from agent_plugin.plugin import AgentRuntime
+from agent_plugin.storage.models import RunRow, utcnow
+from agent_plugin.storage.runs import RunStatus
+from tests.jobs_app import LOG_ENV, JobsEnv, WorkerProcess, clean_redis, jobs_env, make_plugin
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobsEnv]:
+    """A fresh database and queue; no worker (tests start one when they need it)."""
+    environment = jobs_env(tmp_path, lease="1", reconcile_every="1")
+    monkeypatch.setenv(LOG_ENV, str(environment.log))  # the tools run here log too
+    try:
+        yield environment
+    finally:
+        clean_redis(environment)
+
+
+@dataclass
+class Here:
+    """A runtime in this process: its queue, its arq connection and a worker's job context."""
+
+    runtime: AgentRuntime
+    queue: RunQueue
+    redis: Any
+
+    def ctx(self, job_id: str) -> dict[str, Any]:
+        return {"redis": self.redis, "job_id": job_id, "job_try": 1, "agent_runtime": self.runtime}
+
+
+@asynccontextmanager
+async def here(env: JobsEnv) -> AsyncIterator[Here]:
+    runtime = await make_plugin(env.environ).start()
+    try:
+        assert runtime.jobs is not None
+        yield Here(runtime, runtime.jobs, await runtime.jobs.redis())
+    finally:
+        await runtime.aclose()
+
+
+def prompt(tag: str, *rounds: list[list[str]], tool_delay: float = 0.0) -> str:
+    return json.dumps({"tag": tag, "rounds": list(rounds), "tool_delay": tool_delay})
+
+
+async def record_only(here: Here, text: str, *, age: float = 5.0) -> str:
+    """A run recorded as queued ``age`` seconds ago whose job never reached Redis (the app
+    died in between, or Redis lost it)."""
+    args = AgentRunArgs(prompt=text)
+    await here.queue.store.create(args.run_id, origin="request", args=args.model_dump(mode="json"))
+    await backdate(here, args.run_id, age)
+    return args.run_id
+
+
+async def backdate(here: Here, run_id: str, age: float) -> None:
+    then = utcnow() - timedelta(seconds=age)
+    async with here.queue.store.database.write() as conn:
+        await conn.execute(sa.update(RunRow).where(RunRow.run_id == run_id).values(updated_at=then))
+
+
+async def wait_for(here: Here, run_id: str, *, within: float = 20.0) -> RunStatus:
+    deadline = time.monotonic() + within
+    while True:
+        record = await here.queue.get(run_id)
+        if record.status.finished or record.status is RunStatus.AWAITING_APPROVAL:
+            return record.status
+        assert time.monotonic() < deadline, record
+        await asyncio.sleep(0.05)
+
+
+def executions(env: JobsEnv, run_id: str) -> list[tuple[str, ...]]:
+    return [line.args[2:] for line in env.lines("tool_start") if line.args[0] == run_id]
+
+
+# --- the reconciler -------------------------------------------------------------------------
+
+
+async def test_a_run_whose_job_is_missing_gets_it_back_once(env: JobsEnv) -> None:
+    async with here(env) as h:
+        lost = await record_only(h, prompt("lost", [["effect", "a"]]))
+        fresh = await record_only(h, prompt("fresh", [["effect", "b"]]), age=0)
+        assert await h.queue.reconcile(h.redis) == [lost]  # not the one recorded just now
+        assert await h.redis.zscore(env.queue, lost) is not None
+        assert await h.queue.reconcile(h.redis) == []  # it has its job now
+        assert await h.redis.zscore(env.queue, fresh) is None
+
+
+async def test_a_result_left_by_an_earlier_delivery_does_not_block_the_restore(
+    env: JobsEnv,
+) -> None:
+    async with here(env) as h:
+        run_id = await record_only(h, prompt("kept", [["effect", "a"]]))
+        # arq keeps a result per job id and refuses to enqueue that id again while it does
+        await h.redis.set(f"arq:result:{run_id}", b"{}", ex=3600)
+        assert await h.redis.enqueue_job(AGENT_RUN, run_id, _job_id=run_id) is None
+        assert await h.queue.reconcile(h.redis) == [run_id]
+        assert await h.redis.exists(f"arq:job:{run_id}")
+
+
+async def test_a_retry_restored_by_the_reconciler_keeps_its_backoff(env: JobsEnv) -> None:
+    async with here(env) as h:
+        run_id = await record_only(h, prompt("backoff", [["effect", "a"]]))
+        await h.queue.store.start(run_id, job_id=run_id, lease=1)
+        await h.queue.store.requeue(run_id, attempt=1, not_before=30)
+        await backdate(h, run_id, 5)
+        assert await h.queue.reconcile(h.redis) == [run_id]
+        score = await h.redis.zscore(env.queue, run_id)
+        assert score is not None
+        assert 25_000 < score - time.time() * 1000 <= 30_000
+
+
+async def test_runs_held_or_claimed_or_paused_are_left_alone(env: JobsEnv) -> None:
+    async with here(env) as h:
+        held = await record_only(h, prompt("held", [["effect", "a"]]))
+        await h.queue.store.start(held, job_id=held, lease=30)  # a live worker runs it
+        claimed = await record_only(h, prompt("claimed", [["effect", "b"]]))
+        await h.redis.set(f"arq:in-progress:{claimed}", b"1", px=10_000)  # arq's claim
+        assert await h.queue.reconcile(h.redis) == []
+
+
+async def test_a_worker_queues_a_lost_run_again_and_it_completes(env: JobsEnv) -> None:
+    async with here(env) as h:
+        run_id = await record_only(h, prompt("worker", [["effect", "w"]]))
+        worker = WorkerProcess(env)
+        worker.start()
+        try:
+            assert await wait_for(h, run_id) is RunStatus.COMPLETE
+        finally:
+            worker.stop()
+    assert executions(env, run_id) == [("effect", "w")]
+
+
+async def test_a_run_redis_forgot_mid_way_continues_from_its_checkpoints(env: JobsEnv) -> None:
+    """The worker died and Redis lost the job with it (a restart without persistence): the
+    run is in progress in the database only; its lease runs out, the reconciler queues it
+    again, and it continues where its checkpoints say."""
+    worker = WorkerProcess(env)
+    async with here(env) as h:
+        text = prompt("forgot", [["effect", "one"]], [["effect", "two"]], tool_delay=0.5)
+        handle = await h.queue.enqueue(AgentRunArgs(prompt=text))
+        run_id = handle.run_id
+        worker.start()
+        try:
+            deadline = time.monotonic() + 20
+            while len(executions(env, run_id)) < 2:  # "one" is done, "two" in flight
+                assert time.monotonic() < deadline, env.lines()
+                await asyncio.sleep(0.02)
+            worker.kill()
+            await h.redis.delete(
+                env.queue, f"arq:job:{run_id}", f"arq:in-progress:{run_id}", f"arq:retry:{run_id}"
+            )
+            assert (await h.queue.get(run_id)).status is RunStatus.IN_PROGRESS
+            worker.start()
+            assert await wait_for(h, run_id) is RunStatus.COMPLETE
+        finally:
+            worker.stop()
+        record = await h.queue.get(run_id)
+    assert record.attempt == 2
+    # "one" finished before the worker died and never ran again; "two" was in flight
+    assert executions(env, run_id) == [("effect", "one"), ("effect", "two"), ("effect", "two")]
+
+
+# --- leases ---------------------------------------------------------------------------------
+
+
+async def test_a_delivery_does_not_take_over_a_run_a_live_worker_holds(env: JobsEnv) -> None:
+    async with here(env) as h:
+        run_id = await record_only(h, prompt("live", [["effect", "a"]]), age=0)
+        await h.queue.store.start(run_id, job_id=run_id, lease=30)  # held by a live delivery
+        # this job's claim in Redis vanished (Redis restarted), so arq delivers it again
+        with pytest.raises(Retry) as caught:
+            await agent_run(h.ctx(run_id), run_id)
+        assert caught.value.defer_score is not None
+        assert 29_000 < caught.value.defer_score <= 30_200  # when the lease would run out
+        record = await h.queue.get(run_id)
+        assert (record.status, record.attempt) == (RunStatus.IN_PROGRESS, 1)
+    assert executions(env, run_id) == []
+
+
+async def test_a_retry_that_comes_early_waits_for_its_backoff(env: JobsEnv) -> None:
+    async with here(env) as h:
+        run_id = await record_only(h, prompt("early", [["effect", "a"]]), age=0)
+        await h.queue.store.start(run_id, job_id=run_id, lease=30)
+        await h.queue.store.requeue(run_id, attempt=1, not_before=5)  # its worker then died
+        with pytest.raises(Retry) as caught:
+            await agent_run(h.ctx(run_id), run_id)
+        assert caught.value.defer_score is not None
+        assert 4_000 < caught.value.defer_score <= 5_200
+        assert (await h.queue.get(run_id)).status is RunStatus.QUEUED
+    assert executions(env, run_id) == []
+
+
+async def test_a_delivery_whose_run_was_taken_over_stops_at_once(env: JobsEnv) -> None:
+    async with here(env) as h:
+        text = json.dumps({"tag": "taken", "rounds": [[["effect", "one"]]], "model_delay": 3.0})
+        run_id = await record_only(h, text, age=0)
+        delivery = asyncio.create_task(agent_run(h.ctx(run_id), run_id))
+        deadline = time.monotonic() + 10
+        while not env.lines("model_start"):  # the model call is under way
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        async with h.queue.store.database.write() as conn:  # another delivery took it over
+            await conn.execute(
+                sa.update(RunRow).where(RunRow.run_id == run_id).values(attempt=RunRow.attempt + 1)
+            )
+        with pytest.raises(Retry):  # the job stays queued under the delivery that has it now
+            await asyncio.wait_for(delivery, 10)
+        record = await h.queue.get(run_id)
+        assert (record.status, record.attempt) == (RunStatus.IN_PROGRESS, 2)
+    # its lease renewal found the run gone and cancelled the model call mid-way
+    assert env.lines("model_end") == []
+    assert executions(env, run_id) == []
