@@ -373,10 +373,12 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A private ``redis-server`` with an append-only file, so a restart keeps the queue."""
+    """A private ``redis-server``; ``persistent``: with an append-only file, so a restart keeps
+    the queue (without one, a restart forgets everything)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, persistent: bool = True) -> None:
         self.directory = directory
+        self.persistent = persistent
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -395,7 +397,7 @@ class RedisServer:
                 "--save",
                 "",
                 "--appendonly",
-                "yes",
+                "yes" if self.persistent else "no",
                 "--dir",
                 str(self.directory),
             ],
@@ -489,3 +491,83 @@ async def test_a_redis_restart_loses_no_tracked_run(tmp_path: Path) -> None:
     for run_id in queued + busy:
         executions = [x for x in lines if x.event == "tool_start" and x.args[0] == run_id]
         assert len(executions) == 1, (run_id, executions)  # no worker died: never twice
+
+
+async def test_a_redis_that_forgets_everything_loses_no_run_and_doubles_no_call(
+    tmp_path: Path,
+) -> None:
+    """Redis restarts without persistence: queued jobs, claims and session locks are gone.
+    The records in the database bring the queued runs back (the reconciler), and the runs in
+    progress stay with their workers, whose leases in the database outlive the outage, so no
+    call runs twice although every claim in Redis vanished for longer than a lease."""
+    server = RedisServer(tmp_path, persistent=False)
+    env = jobs_env(tmp_path, redis_url=server.url, lease="1", reconcile_every="1", max_jobs="3")
+    worker = WorkerProcess(env)
+    server.start()
+    try:
+        async with serve(env) as served:
+            queued = [await served.handle.enqueue_run(p) for p in runs(4, "q")]
+            queued += [await served.handle.enqueue_run(p, session="forget") for p in runs(2, "s")]
+            server.restart()
+            assert server.queued(env.queue) == 0  # the queue is gone
+            worker.start()
+            first = await wait_all(env, queued, within=60)
+
+            busy = [
+                await served.handle.enqueue_run(p)
+                for p in runs(6, "b", model_delay=0.5, tool_delay=1.5)
+            ]
+            for _ in range(1000):  # until the worker runs its first three
+                if sum(s == "in_progress" for s in statuses(env).values()) >= 3:
+                    break
+                await asyncio.sleep(0.02)
+            server.restart(downtime=2.0)  # longer than the lease: every claim is gone
+            second = await wait_all(env, busy, within=90)
+            assert worker.alive(), f"the worker did not survive the restart: {worker.output()}"
+    finally:
+        worker.stop()
+        server.stop()
+    assert set(first.values()) == {"complete"}, first
+    assert set(second.values()) == {"complete"}, second
+    lines = read_log(env.log)
+    for run_id in queued + busy:
+        executions = [x for x in lines if x.event == "tool_start" and x.args[0] == run_id]
+        assert len(executions) == 1, (run_id, executions)  # no worker died: never twice
+
+
+async def test_a_claim_that_vanished_takes_no_run_from_its_live_worker(tmp_path: Path) -> None:
+    """The claims of running jobs vanish while their workers live (what a Redis outage longer
+    than the lease, or a failover, does): arq hands the jobs to the other worker at once. The
+    leases in the database, renewed all along, turn those deliveries away: no call runs
+    twice, and every run completes once."""
+    env = jobs_env(tmp_path, lease="1", max_jobs="4")
+    workers = [WorkerProcess(env, name=f"w{i}") for i in range(2)]
+    try:
+        async with serve(env) as served:
+            for worker in workers:
+                worker.start()
+            busy = [
+                await served.handle.enqueue_run(p)
+                for p in runs(4, "o", model_delay=0.2, tool_delay=4.0)
+            ]
+            for _ in range(1000):  # until every run's tool call is under way
+                if len([x for x in read_log(env.log) if x.event == "tool_start"]) >= len(busy):
+                    break
+                await asyncio.sleep(0.02)
+            client = redis.Redis.from_url(env.redis_url)
+            try:
+                for _ in range(3):  # the keepers put them back within a third of a lease
+                    client.delete(*(f"arq:in-progress:{run_id}" for run_id in busy))
+                    await asyncio.sleep(0.6)
+            finally:
+                client.close()
+            done = await wait_all(env, busy, within=60)
+    finally:
+        for worker in workers:
+            worker.stop()
+        clean_redis(env)
+    assert set(done.values()) == {"complete"}, done
+    lines = read_log(env.log)
+    for run_id in busy:
+        executions = [x for x in lines if x.event == "tool_start" and x.args[0] == run_id]
+        assert len(executions) == 1, (run_id, executions)
