@@ -413,12 +413,19 @@ def _checked_id(last_event_id: str | None) -> str:
 
 
 async def caught_up_with_end(
-    redis: Redis, run_id: str, last_event_id: str | None, *, prefix: str = DEFAULT_PREFIX
+    redis: Redis,
+    run_id: str,
+    last_event_id: str | None,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    finished: bool = False,
 ) -> bool:
     """Whether the reader at ``last_event_id`` has seen the run's final ``run_end`` already.
 
     A final end is a ``run_end`` that is not a pause. A route answers such a reconnect with
-    ``204 No Content``, which stops an ``EventSource`` from reconnecting.
+    ``204 No Content``, which stops an ``EventSource`` from reconnecting. ``finished``: the
+    run's record says it finished; then a reader past the stream's last entry has had the
+    end :func:`read_events` sends in place of a missing one (its id is past the stream's).
     """
     if last_event_id is None:
         return False
@@ -427,7 +434,68 @@ async def caught_up_with_end(
     if not latest:
         return False
     entry_id, fields = latest[0]
-    return _id_key(_text(entry_id)) <= _id_key(cursor) and _is_final_end(_decode(fields))
+    seen = _id_key(_text(entry_id))
+    if finished and seen < _id_key(cursor):
+        return True
+    return seen <= _id_key(cursor) and _is_final_end(_decode(fields))
+
+
+RecordedEnd = Callable[[], Awaitable[RunEnded | None]]
+"""How a run ended as its record says (its ``run_end``), or None while it has not ended."""
+
+_END_GRACE_MS: Final = 1000
+"""How long a reader waits for the ``run_end`` of a run whose record says it ended (a worker
+records the end first, then publishes it) before it sends one built from the record."""
+
+
+async def _end_from_record(
+    redis: Redis,
+    key: str,
+    cursor: str,
+    recorded_end: RecordedEnd,
+    *,
+    follow: bool,
+    page: int,
+) -> tuple[Any, tuple[str, dict[str, Any]] | None]:
+    """What a reader at ``cursor`` that waited for nothing gets once it asked the run's record:
+    the ``XREAD`` reply of entries that came meanwhile, or the ``(id, end)`` to send in place of
+    a ``run_end`` the stream lacks (or neither)."""
+    ended = await recorded_end()
+    end = None if ended is None else public_payload(ended)
+    if end is None or not _ends(end, follow):
+        return None, None
+    # the worker records the end before it publishes it: the event may be on its way
+    reply = await redis.xread({key: cursor}, count=page, block=_END_GRACE_MS)
+    if reply:
+        return reply, None
+    end_id = await _missing_end_id(redis, key, cursor, end)
+    if end_id is None:
+        return None, None
+    return None, (end_id, end)
+
+
+async def _missing_end_id(
+    redis: Redis, key: str, cursor: str, end: Mapping[str, Any]
+) -> str | None:
+    """The id to send ``end`` (built from the run's record) with, or None when the reader must
+    not get it: the stream's last entry is that end already (a reader that reconnected after a
+    pause), or the reader is not at the stream's last entry (more to read, or it is past it:
+    it had the end this sends already).
+
+    The end goes right after the stream's last entry (``0-1`` without a stream, as in
+    :func:`replay_response`), where no entry of the run will ever be: entries that come later
+    have later ids, and a reader that reconnects from there has seen it.
+    """
+    latest = await redis.xrevrange(key, count=1)
+    last_id = _text(latest[0][0]) if latest else "0-0"
+    if _id_key(cursor) != _id_key(last_id):
+        return None
+    if latest:
+        last = _decode(latest[0][1])
+        if last.get("type") == "run_end" and _is_final_end(last) == _is_final_end(end):
+            return None
+    ms, seq = _id_key(last_id)
+    return f"{ms}-{seq + 1}"
 
 
 async def read_events(
@@ -439,6 +507,8 @@ async def read_events(
     page: int = 100,
     follow: bool = False,
     prefix: str = DEFAULT_PREFIX,
+    recorded_end: RecordedEnd | None = None,
+    check_every: float = 5.0,
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """The run's events as ``(entry id, event JSON)``, after ``last_event_id`` (exclusive).
 
@@ -447,13 +517,36 @@ async def read_events(
     and ends after the run's final ``run_end`` only. A reader that has seen the final end
     already (see :func:`caught_up_with_end`) gets nothing. At most ``page`` entries are held at
     a time. The Redis client's socket timeout must be longer than ``block_ms``.
+
+    A worker records a run's end before it publishes its ``run_end``, and a Redis error at that
+    instant loses the event: the stream would never end. So with ``recorded_end`` (the run's
+    end as its record says), a reader that waited ``check_every`` seconds for nothing asks the
+    record; when the run ended there and the event has not arrived a second later either
+    (``_END_GRACE_MS``), it gets the end built from the record (one past the stream's last
+    entry, see :func:`_missing_end_id`) and the reading ends. The record is read only while
+    nothing arrives, at most every ``check_every`` seconds.
     """
     key = stream_key(run_id, prefix)
     cursor = _checked_id(last_event_id)
     if last_event_id is not None and await caught_up_with_end(redis, run_id, cursor, prefix=prefix):
         return
+    wait = block_ms
+    if recorded_end is not None:
+        check_ms = max(round(check_every * 1000), 1)
+        wait = check_ms if block_ms <= 0 else min(block_ms, check_ms)
+    loop = asyncio.get_running_loop()
+    next_check = loop.time()
     while True:
-        reply = await redis.xread({key: cursor}, count=page, block=block_ms)
+        reply = await redis.xread({key: cursor}, count=page, block=wait)
+        if not reply and recorded_end is not None and loop.time() >= next_check:
+            next_check = loop.time() + check_every
+            reply, missing = await _end_from_record(
+                redis, key, cursor, recorded_end, follow=follow, page=page
+            )
+            if missing is not None:
+                logger.info("run %s: its stream lacks its end; sent from its record", run_id)
+                yield missing
+                return
         for _stream, entries in reply or ():
             for entry_id, fields in entries:
                 cursor = _text(entry_id)
@@ -557,11 +650,15 @@ def run_events_response(
     keepalive: float = 15.0,
     block_ms: int = 15_000,
     prefix: str = DEFAULT_PREFIX,
+    recorded_end: RecordedEnd | None = None,
+    check_every: float = 5.0,
 ) -> StreamingResponse:
     """What ``GET {prefix}/runs/{run_id}/events`` answers: the run's events as SSE.
 
     ``last_event_id`` is the ``Last-Event-ID`` header (or a query parameter); one that is not a
     stream entry id is a 400. Check :func:`caught_up_with_end` first to answer 204 instead.
+    ``recorded_end`` and ``check_every``: an end the stream lacks comes from the run's record
+    (see :func:`read_events`).
     """
     if last_event_id is not None and parse_event_id(last_event_id) is None:
         raise HTTPException(status_code=400, detail="Last-Event-ID is not an event id")
@@ -572,6 +669,8 @@ def run_events_response(
         block_ms=block_ms,
         follow=follow,
         prefix=prefix,
+        recorded_end=recorded_end,
+        check_every=check_every,
     )
     return sse_response(events, keepalive=keepalive)
 

@@ -912,7 +912,10 @@ class AgentPlugin:
           (:mod:`agent_plugin.live`), from the start or after ``Last-Event-ID`` (header, or the
           ``last_event_id`` query parameter), ending after its ``run_end`` (``?follow=true``:
           after the final one, through pauses); 204 when the client has seen the end already,
-          400 for a malformed id, 404 for an unknown run.
+          400 for a malformed id, 404 for an unknown run. When the run's record says it ended
+          (or paused, without ``follow``) but its ``run_end`` never reached the stream (a Redis
+          error as its worker published it), the reader gets one built from the record: the
+          record is read every few seconds while no event arrives.
         * ``POST {prefix}/runs/{run_id}/cancel`` (``{"reason"?}``): cancels a queued, paused or
           running run (a running one ends ``cancelled`` at its next boundary, in its worker);
           202 with the handle, 409 for a finished run.
@@ -1034,6 +1037,7 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
         run_events_response,
         stream_key,
     )
+    from agent_plugin.storage.runs import RunStatus
 
     problems: dict[int | str, dict[str, Any]] = {
         404: {"description": "No such run (problem details)"},
@@ -1067,15 +1071,33 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
         last = last_event_id or after
         if last is not None and parse_event_id(last) is None:
             raise HTTPException(400, "Last-Event-ID is not an event id")
-        if await caught_up_with_end(redis, run_id, last, prefix=live_prefix):
+        finished = record.status.finished
+        if await caught_up_with_end(redis, run_id, last, prefix=live_prefix, finished=finished):
             return Response(status_code=204)
-        if record.status.finished and not await redis.exists(stream_key(run_id, live_prefix)):
+        if finished and not await redis.exists(stream_key(run_id, live_prefix)):
             if last is not None:
                 return Response(status_code=204)
             end = RunEnded(run_id=run_id, summary=record.outcome, error=record.error)
             return replay_response([end])
+
+        async def recorded_end() -> RunEnded | None:
+            try:
+                now = await jobs.get(run_id)
+            except AgentError as error:  # the stream goes on; the next check may do better
+                logger.warning("run %s: cannot read its record: %s", run_id, error)
+                return None
+            paused = now.status is RunStatus.AWAITING_APPROVAL and now.outcome is not None
+            if not (now.status.finished or paused):  # (a pause's end carries its summary)
+                return None
+            return RunEnded(run_id=run_id, summary=now.outcome, error=now.error)
+
         return run_events_response(
-            redis, run_id, last_event_id=last, follow=follow, prefix=live_prefix
+            redis,
+            run_id,
+            last_event_id=last,
+            follow=follow,
+            prefix=live_prefix,
+            recorded_end=recorded_end,
         )
 
     @router.post(

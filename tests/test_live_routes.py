@@ -10,6 +10,7 @@ after the run's ``run_end``, so each read below is a whole stream.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -19,7 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from agent_plugin import live
 from agent_plugin.plugin import AgentRuntimeHandle
+from agent_plugin.storage import RunRecord
 from tests.jobs_app import JobsEnv, jobs_env, make_app, make_plugin, worker_serving
 
 pytestmark = pytest.mark.timeout(60)
@@ -260,3 +263,165 @@ async def test_the_console_is_off_by_default_and_served_when_on(
         assert 'data-prefix="/agent"' in page.text
         assert (await on.get("/agent/console/run_nosuchrun")).status_code == 404
     await wait_for(client, run_id, {"complete"})
+
+
+# --- an end the stream lacks ----------------------------------------------------------------
+
+
+@pytest.fixture
+async def quick(env: JobsEnv, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of an app whose readers look at the run's record every 0.2 s while nothing
+    arrives (every 5 s by default)."""
+    checking = functools.partial(live.run_events_response, check_every=0.2)
+    monkeypatch.setattr(live, "run_events_response", checking)  # what the routes import
+    async with serve(env) as value:
+        yield value
+
+
+async def last_entry(client: httpx.AsyncClient, run_id: str) -> tuple[str, dict[bytes, bytes]]:
+    """The id and fields of the last entry of the run's event stream."""
+    jobs = HANDLES[id(client)].jobs
+    redis = await jobs.redis()
+    [(entry_id, fields)] = await redis.xrevrange(
+        live.stream_key(run_id, jobs.options.live_prefix), count=1
+    )
+    return entry_id.decode(), fields
+
+
+async def drop_end(client: httpx.AsyncClient, run_id: str) -> dict[bytes, bytes]:
+    """Delete the ``run_end`` the run's stream ends with, as if publishing it had failed; the
+    fields it had."""
+    jobs = HANDLES[id(client)].jobs
+    redis = await jobs.redis()
+    entry_id, fields = await last_entry(client, run_id)
+    assert fields[b"type"] == b"run_end"
+    assert await redis.xdel(live.stream_key(run_id, jobs.options.live_prefix), entry_id) == 1
+    return fields
+
+
+def after(entry_id: str) -> str:
+    ms, seq = id_key(entry_id)
+    return f"{ms}-{seq + 1}"
+
+
+@pytest.mark.parametrize(
+    ("fields", "ended"),
+    [
+        pytest.param({"rounds": [[["effect", "a"]]]}, "complete", id="complete"),
+        pytest.param(
+            {"fail": {"round": 0, "times": 5, "kind": "authentication"}}, "failed", id="failed"
+        ),
+    ],
+)
+async def test_a_finished_run_whose_stream_lacks_its_end_ends_with_the_records_end(
+    quick: httpx.AsyncClient, fields: dict[str, Any], ended: str
+) -> None:
+    run_id = await start(quick, plan(**fields))
+    record = await wait_for(quick, run_id, {"complete", "failed", "cancelled"})
+    assert record["status"] == ended
+    published = json.loads((await drop_end(quick, run_id))[b"data"])
+    status, seen = await asyncio.wait_for(events(quick, run_id), 10)
+    assert status == 200
+    kinds = [frame["event"] for frame in seen]
+    assert kinds[0] == "run_start"
+    assert kinds.count("run_end") == 1
+    assert kinds[-1] == "run_end"
+    end = seen[-1]
+    assert end["data"] == {
+        "run_id": run_id,
+        "type": "run_end",
+        "summary": record["outcome"],
+        "error": record["error"],
+    }
+    assert end["data"] == published  # what the worker published
+    assert (record["outcome"] is None) == (ended == "failed")
+    assert (record["error"] is None) == (ended == "complete")
+    # its id comes right after the stream's last entry
+    assert end["id"] == after(str(seen[-2]["id"]))
+    # a reconnect from before it gets it again; one after it: 204, the end was seen
+    status, rest = await asyncio.wait_for(events(quick, run_id, last=str(seen[-2]["id"])), 10)
+    assert (status, rest) == (200, [end])
+    status, _ = await events(quick, run_id, last=str(end["id"]))
+    assert status == 204
+
+
+async def test_a_run_end_in_the_stream_is_the_only_end(quick: httpx.AsyncClient) -> None:
+    run_id = await start(quick, plan())
+    await wait_for(quick, run_id, {"complete"})
+    end_id, _ = await last_entry(quick, run_id)
+    status, seen = await asyncio.wait_for(events(quick, run_id), 10)
+    assert status == 200
+    assert [frame["event"] for frame in seen].count("run_end") == 1
+    assert seen[-1]["event"] == "run_end"
+    assert seen[-1]["id"] == end_id
+
+
+async def test_an_end_published_just_after_the_record_says_ended_is_the_only_end(
+    quick: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker records the end, then publishes it: a reader that finds the record ended
+    first waits a moment for the event, and sends only that one."""
+    run_id = await start(quick, plan())
+    await wait_for(quick, run_id, {"complete"})
+    fields = await drop_end(quick, run_id)
+    jobs = HANDLES[id(quick)].jobs
+    redis = await jobs.redis()
+    key = live.stream_key(run_id, jobs.options.live_prefix)
+    get = jobs.get
+    looks: list[str] = []
+    late: list[str] = []
+
+    async def publish_late() -> None:
+        await asyncio.sleep(0.3)
+        late.append((await redis.xadd(key, fields)).decode())
+
+    tasks: list[asyncio.Task[None]] = []
+
+    async def get_then_publish(of: str) -> RunRecord:
+        looks.append(of)
+        if len(looks) == 2:  # the reader's first look (the first: the route's own)
+            tasks.append(asyncio.create_task(publish_late()))
+        return await get(of)
+
+    monkeypatch.setattr(jobs, "get", get_then_publish)
+    status, seen = await asyncio.wait_for(events(quick, run_id), 10)
+    assert status == 200
+    assert len(looks) >= 2
+    assert [frame["event"] for frame in seen].count("run_end") == 1
+    assert late
+    assert seen[-1]["id"] == late[0]  # the published one, not one built from the record
+    assert seen[-1]["data"] == json.loads(fields[b"data"])
+
+
+async def test_a_paused_runs_missing_end_ends_a_reader_and_a_follower_waits_on(
+    quick: httpx.AsyncClient,
+) -> None:
+    run_id = await start(quick, plan(rounds=[[["send", "x"]]]))
+    record = await wait_for(quick, run_id, {"awaiting_approval", "complete", "failed"})
+    assert record["status"] == "awaiting_approval"
+    await drop_end(quick, run_id)
+    follower = asyncio.create_task(
+        quick.get(f"/agent/runs/{run_id}/events", params={"follow": "true"})
+    )
+
+    status, seen = await asyncio.wait_for(events(quick, run_id), 10)
+    assert status == 200
+    assert [frame["event"] for frame in seen].count("run_end") == 1
+    end = seen[-1]
+    assert end["event"] == "run_end"
+    assert end["data"]["summary"] == record["outcome"]
+    assert end["data"]["summary"]["status"] == "awaiting_approval"
+    # a reconnect after that end waits for the resume, as after a published pause's end
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(events(quick, run_id, last=str(end["id"])), 2.0)
+
+    # the follower has been through many looks at the record and waits on through the pause
+    assert not follower.done()
+    response = await quick.post(f"/agent/runs/{run_id}/cancel")
+    assert response.status_code == 202
+    followed = await asyncio.wait_for(follower, 10)
+    assert followed.status_code == 200
+    seen = frames(followed.text)
+    assert [frame["event"] for frame in seen].count("run_end") == 1
+    assert seen[-1]["event"] == "run_end"
+    assert seen[-1]["data"]["summary"]["status"] == "cancelled"
