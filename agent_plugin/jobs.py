@@ -95,7 +95,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -455,6 +455,8 @@ class SessionLock:
         self.session_id = session_id
         self.run_id = run_id
         self.held = False
+        self.taken = False
+        """This holder took the lock when it was free (not a renewal of the same run's hold)."""
 
     def __repr__(self) -> str:
         return f"SessionLock(session={self.session_id!r}, run={self.run_id!r}, held={self.held})"
@@ -463,6 +465,7 @@ class SessionLock:
         """0: another run holds it; 1: taken now; 2: this run held it already (renewed)."""
         result = await self._eval(_CLAIM, str(_ms(ttl)))
         self.held = self.held or result != 0
+        self.taken = self.taken or result == 1
         return 1 if result == 1 else 2 if result == 2 else 0
 
     async def renew(self, ttl: float) -> bool:
@@ -513,8 +516,8 @@ A delivery that cannot reach Redis or the database is tried again each lease unt
 _SWEEP_LIMIT: Final = 1000
 """How many due jobs from the front of the queue each sweep for abandoned claims looks at."""
 
-_RECONCILE_LIMIT: Final = 500
-"""How many stalled runs one reconciliation looks at (the oldest first)."""
+_RECONCILE_PAGE: Final = 500
+"""How many stalled runs a reconciliation reads and checks at a time."""
 
 
 def _now_ms() -> int:
@@ -668,9 +671,15 @@ class RunQueue:
         lost after all is refused by the run's lease or job id, so a reconciliation that
         races one does no harm.
         """
-        before = utcnow() - timedelta(seconds=self.options.reconcile_every)
-        stalled = await self.store.stalled(before, limit=_RECONCILE_LIMIT)
-        restored = [run.run_id for run in stalled if await self._restore_job(redis, run)]
+        restored: list[str] = []
+        async for page in self.store.stalled(self.options.reconcile_every, page=_RECONCILE_PAGE):
+            async with redis.pipeline(transaction=False) as pipe:
+                for run in page:
+                    pipe.exists(job_key_prefix + run.job_id, in_progress_key_prefix + run.job_id)
+                present = await pipe.execute()
+            for run, held in zip(page, present, strict=True):
+                if not held and await self._restore_job(redis, run):
+                    restored.append(run.run_id)
         if restored:
             logger.warning(
                 "%d run(s) had lost their job and were queued again: %s",
@@ -680,14 +689,12 @@ class RunQueue:
         return restored
 
     async def _restore_job(self, redis: ArqRedis, run: StalledRun) -> bool:
-        """Put the run's job back on the queue unless Redis holds it or a claim on it.
+        """Put the run's job back on the queue (Redis holds neither the job nor a claim on it).
 
         arq refuses to enqueue a job id while it keeps a result for it, so a result left by an
         earlier delivery of the job (one that ended without moving the run on) goes first.
         """
         job_id = run.job_id
-        if await redis.exists(job_key_prefix + job_id, in_progress_key_prefix + job_id):
-            return False
         await redis.delete(result_key_prefix + job_id)
         not_before = run.not_before if run.not_before and run.not_before > utcnow() else None
         job = await redis.enqueue_job(
@@ -772,6 +779,7 @@ class RunQueue:
                 args=args.model_dump(mode="json"),
                 session_id=args.session,
                 memory_scope=args.memory_scope,
+                not_before=defer,
             )
             if not created:
                 record = await self.store.get(args.run_id)
@@ -1409,10 +1417,15 @@ class _Delivery:
                 )
             return await self._fail(error, self.attempt)
         except asyncio.CancelledError:  # the worker is shutting down; arq runs the job again
-            await asyncio.shield(_quietly(self.store.requeue(self.run_id, attempt=self.attempt)))
+            if self.attempt is not None:  # (a run it never started may be another's to run)
+                requeue = self.store.requeue(self.run_id, attempt=self.attempt)
+                await asyncio.shield(_quietly(requeue))
             raise
         finally:
-            if lock is not None and lock.held and not self.superseded:
+            # the lock is this delivery's to give up if it ran the run, or took the lock itself
+            # (it was free); otherwise it belongs to the run's enqueue or another delivery
+            ours = self.attempt is not None or (lock is not None and lock.taken)
+            if lock is not None and lock.held and ours and not self.superseded:
                 if self.retry_delay is not None:  # keep the session through the backoff
                     await _quietly(lock.renew(self.retry_delay + self.lock_ttl))
                 else:
@@ -1529,6 +1542,23 @@ class _Delivery:
         self.superseded = True
         if live is not None:
             live.cancel.cancel("taken over by another delivery")
+
+    async def fail_unstarted(self, error: AgentError) -> None:
+        """Record ``error`` for a queued run this delivery could not even start (its stored
+        arguments do not decode, say): any delivery would fail the same way, and the
+        reconciler would deliver it again and again while the record says ``queued``."""
+        if self.attempt is not None or self.superseded:
+            return
+        try:
+            record = await self.store.get(self.run_id)
+            if record is None or record.status is not RunStatus.QUEUED:
+                return
+            await self.store.fail(self.run_id, error.info(), attempt=record.attempt)
+        except (AgentError, RedisError, OSError, TimeoutError) as trouble:
+            logger.warning("run %s: cannot record that it failed: %s", self.run_id, trouble)
+            return
+        logger.warning("run %s failed before it could start: %s", self.run_id, error)
+        await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
 
     async def _forget_retries(self) -> None:
         with contextlib.suppress(RedisError, OSError, TimeoutError):
@@ -1830,6 +1860,7 @@ async def _deliver(delivery: _Delivery) -> dict[str, Any]:
         return await delivery.run()
     except (AgentError, RedisError, OSError, TimeoutError) as error:
         if isinstance(error, AgentError) and not error.retryable:
+            await delivery.fail_unstarted(error)
             raise
         lease = delivery.options.lease
         logger.warning("run %s: %s; trying again in %g s", delivery.run_id, error, lease)

@@ -46,11 +46,12 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 import redis
+import sqlalchemy as sa
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.jobs import AGENT_HEARTBEAT, JobOptions
+from agent_plugin.jobs import AGENT_HEARTBEAT, JobOptions, RunQueue
 from agent_plugin.messages import Role, ToolResultPart
 from agent_plugin.plugin import AgentPlugin
 from agent_plugin.policy import ASK, ToolPolicy, ToolRules
@@ -58,6 +59,7 @@ from agent_plugin.proactive import Delivery, Heartbeat, Report, WebhookDelivery
 from agent_plugin.providers.base import ChatRequest
 from agent_plugin.providers.scripted import Reply, ScriptedModel, tool_call
 from agent_plugin.storage import Database
+from agent_plugin.storage.models import RunRow
 from agent_plugin.tools import ToolContext, ToolEffect, tool
 
 LOG_ENV: Final = "JOBS_TEST_LOG"
@@ -546,3 +548,13 @@ def run_ids(env: JobsEnv) -> list[str]:
     path = env.database_url.removeprefix("sqlite+aiosqlite:///")
     with contextlib.closing(sqlite3.connect(path)) as connection:
         return [row[0] for row in connection.execute("SELECT run_id FROM agent_runs")]
+
+
+async def bring_forward(queue: RunQueue, run_id: str) -> None:
+    """Make a deferred run due now, as if its time had come: its job's score in Redis and the
+    due time in its record."""
+    redis_client = await queue.redis()
+    await redis_client.zadd(queue.options.queue_name, {run_id: time.time() * 1000}, xx=True)
+    async with queue.store.database.write() as conn:
+        due = sa.update(RunRow).where(RunRow.run_id == run_id).values(lease_until=None)
+        await conn.execute(due)

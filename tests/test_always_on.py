@@ -67,6 +67,7 @@ from tests.jobs_app import (
     LOG_ENV,
     JobsEnv,
     WorkerProcess,
+    bring_forward,
     clean_redis,
     jobs_env,
     make_app,
@@ -282,7 +283,10 @@ async def test_a_paused_run_reports_its_calls_and_the_resume_reports_the_answer(
         record = await runtime.jobs.get(args.run_id)
         [waiting] = record.awaiting
         await runtime.jobs.enqueue_resume(args.run_id, [ApprovalDecision.approve(waiting.call_id)])
-        ctx = await job_ctx(runtime, f"{args.run_id}:resume:test")
+        redis = await runtime.jobs.redis()
+        queued = await redis.zrange(runtime.jobs.options.queue_name, 0, -1)
+        [job_id] = [j.decode() for j in queued if j.decode().startswith(f"{args.run_id}:resume:")]
+        ctx = await job_ctx(runtime, job_id)  # the resume job, run here
         assert (await agent_resume(ctx, args.run_id))["status"] == "complete"
         _, resumed = inbox(runtime)
         assert resumed.source is ReportSource.RESUME
@@ -632,6 +636,7 @@ async def test_a_followup_is_booked_as_a_deferred_tracked_run_one_link_deeper(
         assert await queue_score(runtime, run_id) == score
 
         # when its time comes it runs in the session, with delivery on
+        await bring_forward(jobs, run_id)
         assert (await run_job(runtime, AgentRunArgs.model_validate(args)))["status"] == ("complete")
         reports = [r for r in inbox(runtime) if r.run_id == run_id]
         [report] = reports
@@ -1010,7 +1015,7 @@ async def test_a_followup_booked_for_a_minute_runs_in_a_worker_one_link_deeper(
         assert (await stored_args(runtime, run_id))["followup_depth"] == 1
 
         # its minute has passed (we move it forward): the worker runs it and reports
-        await redis.zadd(env.queue, {run_id: time.time() * 1000}, xx=True)
+        await bring_forward(handle.jobs, run_id)
         await wait_for(lambda: _finished(handle, run_id), 15, "the follow-up")
         done = await handle.run_status(run_id)
         assert done.status == "complete"

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 import sqlalchemy as sa
 from arq.worker import Retry
 
-from agent_plugin.jobs import AGENT_RUN, AgentRunArgs, RunQueue, agent_run
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.jobs import AGENT_RUN, AgentRunArgs, RunQueue, SessionLock, agent_run
 from agent_plugin.plugin import AgentRuntime
 from agent_plugin.storage.models import RunRow, utcnow
 from agent_plugin.storage.runs import RunStatus
@@ -122,16 +124,41 @@ async def test_a_result_left_by_an_earlier_delivery_does_not_block_the_restore(
         assert await h.redis.exists(f"arq:job:{run_id}")
 
 
-async def test_a_retry_restored_by_the_reconciler_keeps_its_backoff(env: JobsEnv) -> None:
+async def test_a_lost_job_due_later_is_restored_once_it_is_due(env: JobsEnv) -> None:
     async with here(env) as h:
-        run_id = await record_only(h, prompt("backoff", [["effect", "a"]]))
-        await h.queue.store.start(run_id, job_id=run_id, lease=1)
-        await h.queue.store.requeue(run_id, attempt=1, not_before=30)
-        await backdate(h, run_id, 5)
-        assert await h.queue.reconcile(h.redis) == [run_id]
-        score = await h.redis.zscore(env.queue, run_id)
-        assert score is not None
-        assert 25_000 < score - time.time() * 1000 <= 30_000
+        later = AgentRunArgs(prompt=prompt("later", [["effect", "a"]]))
+        await h.queue.enqueue(later, defer=3600)  # booked for an hour from now
+        retried = await record_only(h, prompt("backoff", [["effect", "b"]]))
+        await h.queue.store.start(retried, job_id=retried, lease=1)
+        await h.queue.store.requeue(retried, attempt=1, not_before=30)  # a retry's backoff
+        await backdate(h, later.run_id, 5)
+        await backdate(h, retried, 5)
+        await h.redis.delete(env.queue, f"arq:job:{later.run_id}")  # Redis lost both jobs
+        assert await h.queue.reconcile(h.redis) == []  # neither is due: nothing to run yet
+        async with h.queue.store.database.write() as conn:  # ... until their time has come
+            await conn.execute(
+                sa.update(RunRow)
+                .where(RunRow.run_id.in_([later.run_id, retried]))
+                .values(lease_until=utcnow() - timedelta(seconds=2))
+            )
+        assert sorted(await h.queue.reconcile(h.redis)) == sorted([later.run_id, retried])
+        for run_id in (later.run_id, retried):
+            score = await h.redis.zscore(env.queue, run_id)
+            assert score is not None
+            assert score <= time.time() * 1000
+
+
+async def test_reconciling_goes_past_a_page_of_runs_that_have_their_job(env: JobsEnv) -> None:
+    async with here(env) as h:
+        healthy = []
+        for i in range(5):  # queued, waiting for a worker, with their jobs in Redis
+            args = AgentRunArgs(prompt=prompt(f"h{i}", [["effect", "a"]]))
+            await h.queue.enqueue(args)
+            await backdate(h, args.run_id, 10)
+            healthy.append(args.run_id)
+        lost = await record_only(h, prompt("lost", [["effect", "b"]]), age=5)  # the newest
+        with patch("agent_plugin.jobs._RECONCILE_PAGE", 2):
+            assert await h.queue.reconcile(h.redis) == [lost]
 
 
 async def test_runs_held_or_claimed_or_paused_are_left_alone(env: JobsEnv) -> None:
@@ -235,3 +262,57 @@ async def test_a_delivery_whose_run_was_taken_over_stops_at_once(env: JobsEnv) -
     # its lease renewal found the run gone and cancelled the model call mid-way
     assert env.lines("model_end") == []
     assert executions(env, run_id) == []
+
+
+async def test_a_run_that_cannot_start_fails_instead_of_coming_back(env: JobsEnv) -> None:
+    async with here(env) as h:
+        run_id = await record_only(h, prompt("poison", [["effect", "a"]]))
+        async with h.queue.store.database.write() as conn:  # arguments no version can read
+            await conn.execute(
+                sa.update(RunRow).where(RunRow.run_id == run_id).values(args={"prompt": 5})
+            )
+        with pytest.raises(AgentError) as caught:
+            await agent_run(h.ctx(run_id), run_id)
+        assert caught.value.kind is ErrorKind.DECODE
+        record = await h.queue.get(run_id)
+        assert record.status is RunStatus.FAILED
+        assert record.error is not None
+        assert "do not decode" in record.error.message
+        await backdate(h, run_id, 5)
+        assert await h.queue.reconcile(h.redis) == []  # not delivered again and again
+
+
+async def session_run(h: Here, session: str, tag: str) -> str:
+    args = AgentRunArgs(prompt=prompt(tag, [["effect", tag]]), session=session)
+    await h.queue.store.create(
+        args.run_id, origin="request", args=args.model_dump(mode="json"), session_id=session
+    )
+    return args.run_id
+
+
+async def test_a_stale_delivery_leaves_the_session_lock_of_the_live_run(env: JobsEnv) -> None:
+    async with here(env) as h:
+        session = f"stale-{time.monotonic_ns()}"
+        run_id = await session_run(h, session, "live")
+        lock = SessionLock(h.redis, session, run_id, prefix=h.queue.options.key_prefix)
+        assert await lock.claim(30) == 1
+        await h.queue.store.start(run_id, job_id=run_id, lease=30)  # a live delivery runs it
+        result = await agent_run(h.ctx(f"{run_id}:stale"), run_id)  # another job's delivery
+        assert result == {"run_id": run_id, "status": "in_progress"}
+        assert await lock.holder() == run_id  # still the live run's
+
+
+async def test_a_delivery_stopped_before_it_started_leaves_the_run_alone(env: JobsEnv) -> None:
+    async with here(env) as h:
+        session = f"stop-{time.monotonic_ns()}"
+        other = await session_run(h, session, "other")
+        await h.queue.store.start(other, job_id=other, lease=30)  # the session is busy
+        run_id = await session_run(h, session, "mine")
+        await h.queue.store.start(run_id, job_id=run_id, lease=30)  # held by a live delivery
+        waiting = asyncio.create_task(agent_run(h.ctx(run_id), run_id))  # its claim vanished
+        await asyncio.sleep(0.3)  # it waits for the session
+        waiting.cancel()  # the worker shuts down
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        record = await h.queue.get(run_id)
+        assert (record.status, record.attempt) == (RunStatus.IN_PROGRESS, 1)  # not requeued

@@ -64,6 +64,7 @@ from agent_plugin.storage import (
     SqlRunStore,
     SqlSessionStore,
 )
+from agent_plugin.storage import runs as runs_module
 from agent_plugin.storage.models import (
     JSON_TYPE,
     Base,
@@ -72,7 +73,7 @@ from agent_plugin.storage.models import (
     UtcDateTime,
     utcnow,
 )
-from agent_plugin.storage.runs import StalledRun, status_of
+from agent_plugin.storage.runs import StalledRun, database_now, status_of
 from agent_plugin.tools import FnTool, ToolEffect
 from tests import test_storage
 from tests.store_conformance import report
@@ -1217,7 +1218,7 @@ async def test_a_retry_backoff_holds_the_run_even_without_its_job(database: Data
     await store.start(run_id, job_id=run_id, lease=30)
     await store.requeue(run_id, attempt=1, not_before=30)
     error = await refused(store.start(run_id, job_id=run_id, lease=30), ErrorKind.CONFLICT)
-    assert "waiting for a retry's backoff" in error.message
+    assert f"run {run_id} is queued, not due until " in error.message
     assert error.retry_after is not None
     assert 29 < error.retry_after <= 30
 
@@ -1255,9 +1256,11 @@ async def test_only_the_runs_current_job_may_start_it(database: Database) -> Non
 
 async def test_stalled_runs_are_those_a_job_should_be_running(database: Database) -> None:
     store = SqlRunStore(database)
-    ids = {name: new_run_id() for name in ("old", "new", "dead", "alive", "done")}
-    for run_id in ids.values():
-        await store.create(run_id, origin="request", args={"prompt": "p"})
+    names = ("old", "new", "dead", "alive", "done", "later")
+    ids = {name: new_run_id() for name in names}
+    for name, run_id in ids.items():
+        due = 3600 if name == "later" else None  # booked for an hour from now
+        await store.create(run_id, origin="request", args={"prompt": "p"}, not_before=due)
     for name in ("dead", "alive", "done"):
         await store.start(ids[name], job_id=ids[name], lease=0.05 if name == "dead" else 30)
     await store.finish(ids["done"], Completed(text="x", steps_used=1, usage=TokenUsage()))
@@ -1268,23 +1271,54 @@ async def test_stalled_runs_are_those_a_job_should_be_running(database: Database
         [ApprovalDecision.approve("s0"), ApprovalDecision.approve("s1")],
         job_id="resume-job",
     )
-    await asyncio.sleep(0.1)
-    cutoff = utcnow()
-    async with database.write() as conn:  # "new" changed after the cutoff
+    await asyncio.sleep(0.3)
+    async with database.write() as conn:  # "new" changed just now
         await conn.execute(
-            sa.update(RunRow)
-            .where(RunRow.run_id == ids["new"])
-            .values(updated_at=cutoff + timedelta(seconds=1))
+            sa.update(RunRow).where(RunRow.run_id == ids["new"]).values(updated_at=utcnow())
         )
-    mine = {*ids.values(), paused_id, resumed_id}
-    stalled = {run.run_id: run for run in await store.stalled(cutoff) if run.run_id in mine}
-    names = {run_id: name for name, run_id in ids.items()} | {
-        paused_id: "paused_id",
-        resumed_id: "resumed_id",
+    mine = {run_id: name for name, run_id in ids.items()} | {
+        paused_id: "paused",
+        resumed_id: "resumed",
     }
-    assert {names[run_id] for run_id in stalled} == {"old", "dead", "resumed_id"}
-    assert stalled[ids["old"]] == StalledRun(ids["old"], ids["old"], False, None)
-    assert stalled[resumed_id] == StalledRun(resumed_id, "resume-job", True, None)
-    assert paused_id not in stalled
-    assert len(await store.stalled(cutoff, limit=1)) == 1
-    assert await store.stalled(datetime(2000, 1, 1, tzinfo=UTC)) == []
+
+    async def stalled(page: int = 500) -> list[StalledRun]:
+        found = [run async for runs in store.stalled(0.2, page=page) for run in runs]
+        return [run for run in found if run.run_id in mine]
+
+    found = {mine[run.run_id]: run for run in await stalled()}
+    assert set(found) == {"old", "dead", "resumed"}
+    assert (found["old"].job_id, found["old"].resume, found["old"].not_before) == (
+        ids["old"],
+        False,
+        None,
+    )
+    assert (found["resumed"].job_id, found["resumed"].resume) == ("resume-job", True)
+    # page by page, oldest first, none twice
+    paged = await stalled(page=1)
+    assert [run.run_id for run in paged] == [run.run_id for run in await stalled()]
+    assert len({run.run_id for run in paged}) == 3
+
+
+async def test_leases_run_on_the_databases_clock(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose clock is 20 s slow neither sees a live lease as run out nor cuts its
+    own short: the lease times are the database's."""
+    store = SqlRunStore(database)
+    run_id = new_run_id()
+    await store.create(run_id, origin="request", args={"prompt": "p"})
+    real = runs_module.utcnow
+    monkeypatch.setattr(runs_module, "utcnow", lambda: real() - timedelta(seconds=20))
+    await store.start(run_id, job_id=run_id, lease=15)  # the slow worker holds it
+    monkeypatch.setattr(runs_module, "utcnow", real)
+    error = await refused(store.start(run_id, job_id=run_id, lease=15), ErrorKind.CONFLICT)
+    assert error.retry_after is not None
+    assert 14 < error.retry_after <= 15
+    async with database.read() as conn:
+        lease, now = (
+            await conn.execute(
+                sa.select(RunRow.lease_until, database_now()).where(RunRow.run_id == run_id)
+            )
+        ).one()
+    assert abs((now - utcnow()).total_seconds()) < 1  # the same host: one clock
+    assert 14 < (lease - now).total_seconds() <= 15

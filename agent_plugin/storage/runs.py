@@ -27,8 +27,10 @@ job once decisions are accepted) and holds it for ``lease`` seconds, renewed whi
 (:meth:`SqlRunStore.renew_lease`). Until the lease ends no other delivery may start the run:
 one whose claim in Redis vanished (Redis restarted, or it was unreachable for longer than a
 lease) is refused with ``CONFLICT`` carrying ``retry_after``, while the worker that runs it is
-alive. A retry's backoff holds a requeued run the same way. A delivery of another job is
-refused for as long as the run is not its job's.
+alive. A retry's backoff, or the time a deferred run is due, holds a queued run the same way.
+A delivery of another job is refused for as long as the run is not its job's. Lease times are
+set and compared on the database's clock (:class:`database_now`), so a worker whose own clock
+is off neither cuts another's lease short nor stretches its own.
 
 Step checkpoints (:meth:`SqlRunStore.journal`) are rows of ``agent_run_checkpoints``, one
 ``INSERT`` each (with the run's progress in the same transaction when the journal is given a
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -57,6 +59,9 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 from sqlalchemy import exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import OutcomeSummary, PendingApproval
@@ -71,7 +76,7 @@ from agent_plugin.outcomes import (
     RunState,
 )
 from agent_plugin.storage.database import Database
-from agent_plugin.storage.models import RunCheckpointRow, RunRow, utcnow
+from agent_plugin.storage.models import RunCheckpointRow, RunRow, UtcDateTime, utcnow
 
 __all__ = ["RunRecord", "RunStatus", "SqlRunJournal", "SqlRunStore", "StalledRun"]
 
@@ -160,7 +165,8 @@ class StalledRun:
     resume: bool
     """Its job is the resume after approval (``agent_resume``), not ``agent_run``."""
     not_before: datetime | None
-    """A retry's backoff: the job is due no sooner than this."""
+    """When the job is due, if not at once (a retry's backoff): the database's clock."""
+    updated_at: datetime
 
 
 class SqlRunStore:
@@ -190,12 +196,14 @@ class SqlRunStore:
         session_id: str | None = None,
         memory_scope: str | None = None,
         job_id: str | None = None,
+        not_before: float | None = None,
     ) -> bool:
         """Record a new queued run; ``False`` (nothing changed) if ``run_id`` already exists.
 
         ``args`` are the job's arguments as JSON-able data (:meth:`args` gives them back to a
-        retry or a resume). ``job_id`` is the arq job that will run it (default: the run id).
-        Enqueueing the same run twice is a no-op.
+        retry or a resume). ``job_id`` is the arq job that will run it (default: the run id);
+        ``not_before``: the job is due that many seconds from now (no delivery may start the
+        run before then). Enqueueing the same run twice is a no-op.
         """
         _check_run_id(run_id)
         _check_text("origin", origin, _ORIGIN_MAX, required=True)
@@ -216,6 +224,7 @@ class SqlRunStore:
                 version=0,
                 args=stored_args,
                 job_id=job_id or run_id,
+                lease_until=_in(not_before) if not_before else None,
                 created_at=now,
                 updated_at=now,
             )
@@ -271,13 +280,7 @@ class SqlRunStore:
         """
         statement = _STARTS[job_id is not None, not resume]
         for _ in range(_START_TRIES):
-            now = utcnow()
-            values = {
-                "run": run_id,
-                "now": now,
-                "job": job_id,
-                "lease_until": now + timedelta(seconds=lease) if lease is not None else None,
-            }
+            values = {"run": run_id, "now": utcnow(), "job": job_id, "lease": lease or 0.0}
             async with self.database.write() as conn:
                 row = (await conn.execute(statement, values)).one_or_none()
             if row is not None:
@@ -300,41 +303,67 @@ class SqlRunStore:
                 _RUNS.attempt == attempt,
                 _RUNS.status == RunStatus.IN_PROGRESS.value,
             )
-            .values(lease_until=utcnow() + timedelta(seconds=lease))
+            .values(lease_until=_in(lease))
         )
         async with self.database.write() as conn:
             return bool((await conn.execute(update)).rowcount)
 
-    async def stalled(self, before: datetime, *, limit: int = 500) -> list[StalledRun]:
-        """Runs that should have a job on the queue, as of ``before``: queued and unchanged
-        since then, or in progress with a lease that ended by then. A run whose job is
-        missing from Redis (lost in a Redis restart, dropped by arq as expired, never enqueued
-        because the app died after recording it) is among them; a reconciler enqueues its job
-        again (:meth:`agent_plugin.jobs.RunQueue.reconcile`). Oldest first, at most ``limit``.
+    async def stalled(
+        self, older_than: float, *, page: int = 500
+    ) -> AsyncIterator[list[StalledRun]]:
+        """Runs that should have a job on the queue, ``page`` at a time, oldest first: queued,
+        due and unchanged for ``older_than`` seconds, or in progress under a lease that ran out
+        that long ago. A run whose job is missing from Redis (lost in a Redis restart, dropped
+        by arq as expired, never enqueued because the app died after recording it) is among
+        them; a reconciler enqueues its job again (:meth:`agent_plugin.jobs.RunQueue.reconcile`).
+        Runs booked for later are not, until they are due.
         """
-        lapsed = sa.or_(
-            _RUNS.lease_until < before,
-            sa.and_(_RUNS.lease_until.is_(None), _RUNS.updated_at < before),
-        )
+        before = utcnow() - timedelta(seconds=older_than)
+        lapsed = _RUNS.lease_until < _in(-older_than)
         query = (
-            sa.select(_RUNS.run_id, _RUNS.job_id, _RUNS.decisions.is_not(None), _RUNS.lease_until)
+            sa.select(
+                _RUNS.run_id,
+                _RUNS.job_id,
+                _RUNS.decisions.is_not(None),
+                _RUNS.lease_until,
+                _RUNS.updated_at,
+            )
             .where(
                 _RUNS.job_id.is_not(None),
                 sa.or_(
-                    sa.and_(_RUNS.status == RunStatus.QUEUED.value, _RUNS.updated_at < before),
-                    sa.and_(_RUNS.status == RunStatus.IN_PROGRESS.value, lapsed),
+                    sa.and_(
+                        _RUNS.status == RunStatus.QUEUED.value,
+                        _RUNS.updated_at < before,
+                        sa.or_(_RUNS.lease_until.is_(None), lapsed),
+                    ),
+                    sa.and_(
+                        _RUNS.status == RunStatus.IN_PROGRESS.value,
+                        sa.or_(
+                            lapsed, sa.and_(_RUNS.lease_until.is_(None), _RUNS.updated_at < before)
+                        ),
+                    ),
                 ),
             )
-            .order_by(_RUNS.updated_at)
-            .limit(limit)
+            .order_by(_RUNS.updated_at, _RUNS.run_id)
+            .limit(page)
         )
-        async with self.database.read() as conn:
-            rows = (await conn.execute(query)).all()
-        return [
-            StalledRun(run_id, job_id, bool(resume), lease_until)
-            for run_id, job_id, resume, lease_until in rows
-            if job_id is not None  # (the query asks for it; the type does not know)
-        ]
+        after: tuple[datetime, str] | None = None
+        while True:
+            keyset = query
+            if after is not None:
+                keyset = query.where(sa.tuple_(_RUNS.updated_at, _RUNS.run_id) > sa.tuple_(*after))
+            async with self.database.read() as conn:
+                rows = (await conn.execute(keyset)).all()
+            runs = [
+                StalledRun(run_id, job_id, bool(resume), lease_until, updated_at)
+                for run_id, job_id, resume, lease_until, updated_at in rows
+                if job_id is not None  # (the query asks for it; the type does not know)
+            ]
+            if runs:
+                yield runs
+            if len(rows) < page:
+                return
+            after = (rows[-1].updated_at, rows[-1].run_id)
 
     async def progress(self, run_id: str, pct: int, message: str) -> None:
         """Report progress of a run in progress (one ``UPDATE``; ``pct`` is kept in 0..100).
@@ -412,7 +441,7 @@ class SqlRunStore:
             .values(
                 status=RunStatus.QUEUED.value,
                 version=_RUNS.version + 1,
-                lease_until=now + timedelta(seconds=not_before) if not_before else None,
+                lease_until=_in(not_before) if not_before else None,
                 updated_at=now,
             )
         )
@@ -660,12 +689,13 @@ class SqlRunStore:
             _RUNS.job_id,
             _RUNS.lease_until,
             _RUNS.decisions.is_not(None),
+            database_now(),
         ).where(_RUNS.run_id == run_id)
         async with self.database.read() as conn:
             head = (await conn.execute(query)).one_or_none()
         if head is None:
             return _not_found(run_id)
-        status, attempt, owner, lease_until, decided = head
+        status, attempt, owner, lease_until, decided, now = head
         if status not in _RUNNABLE:
             return _conflict(run_id, status, "start it")
         if job_id is not None and owner is not None and owner != job_id:
@@ -675,12 +705,11 @@ class SqlRunStore:
             )
         if decided and not resume:
             return _conflict(run_id, status, "start it (decisions wait for its resume)")
-        now = utcnow()
         if lease_until is not None and lease_until > now:
             holder = (
                 f"held by attempt {attempt}"
                 if status == RunStatus.IN_PROGRESS.value
-                else "waiting for a retry's backoff"
+                else "not due"  # a retry's backoff, or a deferred run
             )
             return AgentError(
                 ErrorKind.CONFLICT,
@@ -871,6 +900,41 @@ _GET: Final = sa.select(*_RECORD_COLUMNS).where(_BY_RUN_ID)
 _ARGS_OF: Final = sa.select(_text(_RUNS.args)).where(_BY_RUN_ID)
 
 
+class database_now(FunctionElement[datetime]):
+    """The database's clock, in UTC, plus ``seconds`` if given (a number or a bind parameter).
+
+    Leases are set and compared on it, so the workers' own clocks do not matter: PostgreSQL's
+    ``clock_timestamp()``; SQLite's ``strftime`` of ``'now'``, in the text form SQLAlchemy
+    stores SQLite timestamps in (so the two compare as text).
+    """
+
+    type = UtcDateTime()
+    inherit_cache = True
+    name = "database_now"
+
+
+@compiles(database_now, "postgresql")
+def _postgresql_now(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
+    clauses = list(element.clauses)
+    if not clauses:
+        return "clock_timestamp()"
+    return f"(clock_timestamp() + make_interval(secs => {compiler.process(clauses[0], **kw)}))"
+
+
+@compiles(database_now, "sqlite")
+def _sqlite_now(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
+    clauses = list(element.clauses)
+    shift = f", printf('%+.6f seconds', {compiler.process(clauses[0], **kw)})" if clauses else ""
+    return f"(strftime('%Y-%m-%d %H:%M:%f', 'now'{shift}) || '000')"
+
+
+def _in(seconds: float | sa.BindParameter[float]) -> database_now:
+    """``seconds`` from now on the database's clock."""
+    if isinstance(seconds, sa.BindParameter):
+        return database_now(seconds)
+    return database_now(sa.literal(float(seconds), sa.Float()))
+
+
 def _start_statement(*, of_job: bool, without_decisions: bool) -> sa.Update:
     """The ``UPDATE`` of :meth:`SqlRunStore.start`: a runnable run whose lease has ended
     becomes ``in_progress`` under the next attempt and a new lease; with ``of_job``, only for
@@ -879,7 +943,7 @@ def _start_statement(*, of_job: bool, without_decisions: bool) -> sa.Update:
     where = [
         _BY_RUN_ID,
         _RUNS.status.in_([s.value for s in _RUNNABLE]),
-        sa.or_(_RUNS.lease_until.is_(None), _RUNS.lease_until <= _NOW),
+        sa.or_(_RUNS.lease_until.is_(None), _RUNS.lease_until <= database_now()),
     ]
     if of_job:
         job = sa.bindparam("job", type_=sa.String())
@@ -893,7 +957,7 @@ def _start_statement(*, of_job: bool, without_decisions: bool) -> sa.Update:
             status=RunStatus.IN_PROGRESS.value,
             attempt=_RUNS.attempt + 1,
             version=_RUNS.version + 1,
-            lease_until=sa.bindparam("lease_until", type_=_RUNS.__table__.c.lease_until.type),
+            lease_until=_in(sa.bindparam("lease", type_=sa.Float())),
             started_at=sa.func.coalesce(_RUNS.started_at, _NOW),
             updated_at=_NOW,
         )

@@ -3,8 +3,14 @@
 ``agent_runs`` gains ``job_id`` (the arq job that may start the run: the run id for a run's own
 job, the resume job's id once decisions are accepted) and ``lease_until`` (while it lies ahead,
 no other delivery may start the run: its worker is alive and renewing it, or a retry's backoff
-has not passed). Existing runs that are not waiting for a resume get their own run id as their
-job; a resume already queued keeps ``NULL`` (any delivery may start it, as before).
+has not passed, or a deferred run is not due). Existing runs that are not waiting for a resume
+get their own run id as their job; a resume already queued keeps ``NULL`` (any delivery may
+start it, as before).
+
+Upgrade with the workers stopped: a worker of an earlier release holds no lease, so a run it
+is running could be taken for lost. A run enqueued by hand under a job id of its own, queued at
+the upgrade, is refused to that job and started by the reconciler's job instead (a minute
+later, by default).
 
 Revision ID: 0003
 Revises: 0002
