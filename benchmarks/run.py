@@ -14,8 +14,9 @@ The client runs pinned to CPU 0, the server to CPU 1 (when the machine has two).
       (:mod:`benchmarks.bench_loop`).
 * S5  ``import agent_plugin`` in a fresh interpreter; the first request of a fresh app.
 * S6  session append (``benchmarks/bench_sessions.py``, when present).
-* S7  background runs through one arq worker vs arq's own no-op jobs, and the cost of step
-      checkpoints (:mod:`benchmarks.bench_jobs`, in a subprocess).
+* S7  background runs through one arq worker vs arq's own no-op jobs (the target) and vs arq
+      jobs that make only a run's durable writes, and the cost of step checkpoints
+      (:mod:`benchmarks.bench_jobs`, in a subprocess).
 
 Per-step figures are the minimum over repeats (the least disturbed run); medians are in the
 JSON. CPU is ``time.process_time()`` of the client process; the server's own CPU per request
@@ -614,6 +615,20 @@ def s7(quick: bool) -> dict[str, Any]:
     return {"status": "ran", "command": command[1:], "report": json.loads(written.read_text())}
 
 
+def s7_markdown(data: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """S7's section of the report (its tables, or why it did not run) and its target rows."""
+    out = ["## S7: background runs through one arq worker", ""]
+    if "report" not in data:
+        out += [f"Status: {data['status']}.", ""]
+        if data.get("stderr_tail"):
+            out += ["```", data["stderr_tail"], "```", ""]
+        return out, []
+    from benchmarks import bench_jobs
+
+    out += [bench_jobs.render(data["report"]), ""]
+    return out, data["report"].get("targets") or bench_jobs.target_rows(data["report"])
+
+
 # --- the server check --------------------------------------------------------------------------
 
 
@@ -882,17 +897,8 @@ def render(report: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     if data.get("output"):
         out += ["", data["output"]]
     data = sc.get("S7") or {"status": "not run"}
-    out += ["", "## S7: background runs through one arq worker", ""]
-    s7_targets: list[dict[str, Any]] = []
-    if "report" in data:
-        from benchmarks import bench_jobs
-
-        out += [bench_jobs.render(data["report"]), ""]
-        s7_targets = data["report"].get("targets") or bench_jobs.target_rows(data["report"])
-    else:
-        out += [f"Status: {data['status']}.", ""]
-        if data.get("stderr_tail"):
-            out += ["```", data["stderr_tail"], "```", ""]
+    s7_lines, s7_targets = s7_markdown(data)
+    out += ["", *s7_lines]
 
     out += ["## Targets", "", "| target | measured | verdict |", "|---|---:|---|"]
     for target in targets:
@@ -1051,6 +1057,13 @@ def main() -> None:
             + json.dumps(report["scenarios"], indent=1, default=str)
             + "\n```"
         )
+        if "S7" in report["scenarios"]:  # S7's tables and targets, as in the full report
+            s7_lines, s7_targets = s7_markdown(report["scenarios"]["S7"])
+            s7_lines += [
+                f"S7 target: {t['target']}: {_x(t['measured'])} ({t['verdict']})"
+                for t in s7_targets
+            ]
+            markdown += "\n\n" + "\n".join(s7_lines)
     markdown += f"\nSuite took {report['seconds']:.0f} s.\n"
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "latest.md").write_text(markdown)
