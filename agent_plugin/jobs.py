@@ -1277,6 +1277,8 @@ class _Delivery:
         """Set when the delivery ends with arq's ``Retry``: seconds until the next attempt."""
         self.superseded = False
         """Another delivery took the run over: the session lock is that delivery's."""
+        self.run_over = False
+        """The run had ended (or paused) before this delivery: its session lock is free."""
         self.attempt: int | None = None
         """The run's attempt this delivery started (``None`` before it started the run)."""
         self.session: str | None = None
@@ -1424,7 +1426,7 @@ class _Delivery:
         finally:
             # the lock is this delivery's to give up if it ran the run, or took the lock itself
             # (it was free); otherwise it belongs to the run's enqueue or another delivery
-            ours = self.attempt is not None or (lock is not None and lock.taken)
+            ours = self.attempt is not None or self.run_over or (lock is not None and lock.taken)
             if lock is not None and lock.held and ours and not self.superseded:
                 if self.retry_delay is not None:  # keep the session through the backoff
                     await _quietly(lock.renew(self.retry_delay + self.lock_ttl))
@@ -1435,6 +1437,9 @@ class _Delivery:
         current = await self.store.get(self.run_id)
         if current is None:
             return self.result("unknown")
+        # ended, or paused with no resume queued: a lock held in the run's name is left over
+        # from a delivery that died before releasing it
+        self.run_over = current.status.finished or current.status is RunStatus.AWAITING_APPROVAL
         if current.outcome is not None and current.status in _REPORTABLE:
             self.ended = current.outcome  # a re-delivery: report it if the first did not
         await self._end_stream_of(current)
@@ -1544,16 +1549,37 @@ class _Delivery:
             live.cancel.cancel("taken over by another delivery")
 
     async def fail_unstarted(self, error: AgentError) -> None:
-        """Record ``error`` for a queued run this delivery could not even start (its stored
-        arguments do not decode, say): any delivery would fail the same way, and the
-        reconciler would deliver it again and again while the record says ``queued``."""
+        """Record ``error`` for a queued run that deliveries could not even start (its stored
+        arguments do not decode, say), once ``max_attempts`` of them failed so: the reconciler
+        would otherwise deliver it again and again while the record says ``queued``. (Not at
+        the first: a worker of an older release, during an upgrade, may not read what a newer
+        app stored, and the next delivery may reach a newer worker.) The run's session lock,
+        taken when it was enqueued, goes with it."""
         if self.attempt is not None or self.superseded:
             return
         try:
             record = await self.store.get(self.run_id)
             if record is None or record.status is not RunStatus.QUEUED:
                 return
+            key = f"{self.options.key_prefix}unstartable:{self.run_id}"
+            failures = int(await self.redis.incr(key))
+            await self.redis.expire(key, 86_400)
+            if failures < self.options.max_attempts:
+                logger.warning(
+                    "run %s cannot start (%d of %d): %s",
+                    self.run_id,
+                    failures,
+                    self.options.max_attempts,
+                    error,
+                )
+                return
             await self.store.fail(self.run_id, error.info(), attempt=record.attempt)
+            if record.session_id is not None:
+                prefix = self.options.key_prefix
+                await SessionLock(
+                    self.redis, record.session_id, self.run_id, prefix=prefix
+                ).release()
+            await self.redis.delete(key)
         except (AgentError, RedisError, OSError, TimeoutError) as trouble:
             logger.warning("run %s: cannot record that it failed: %s", self.run_id, trouble)
             return

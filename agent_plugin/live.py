@@ -508,7 +508,7 @@ async def read_events(
     follow: bool = False,
     prefix: str = DEFAULT_PREFIX,
     recorded_end: RecordedEnd | None = None,
-    check_every: float = 5.0,
+    check_every: float = 15.0,
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """The run's events as ``(entry id, event JSON)``, after ``last_event_id`` (exclusive).
 
@@ -651,7 +651,7 @@ def run_events_response(
     block_ms: int = 15_000,
     prefix: str = DEFAULT_PREFIX,
     recorded_end: RecordedEnd | None = None,
-    check_every: float = 5.0,
+    check_every: float = 15.0,
 ) -> StreamingResponse:
     """What ``GET {prefix}/runs/{run_id}/events`` answers: the run's events as SSE.
 

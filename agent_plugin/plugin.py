@@ -915,7 +915,7 @@ class AgentPlugin:
           400 for a malformed id, 404 for an unknown run. When the run's record says it ended
           (or paused, without ``follow``) but its ``run_end`` never reached the stream (a Redis
           error as its worker published it), the reader gets one built from the record: the
-          record is read every few seconds while no event arrives.
+          record is read every 15 s while no event arrives.
         * ``POST {prefix}/runs/{run_id}/cancel`` (``{"reason"?}``): cancels a queued, paused or
           running run (a running one ends ``cancelled`` at its next boundary, in its worker);
           202 with the handle, 409 for a finished run.
@@ -1083,7 +1083,10 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
         async def recorded_end() -> RunEnded | None:
             try:
                 now = await jobs.get(run_id)
-            except AgentError as error:  # the stream goes on; the next check may do better
+            except AgentError as error:
+                if error.kind is ErrorKind.NOT_FOUND:  # its record went (a discarded enqueue)
+                    return RunEnded(run_id=run_id, error=error.info())
+                # the stream goes on; the next check may do better
                 logger.warning("run %s: cannot read its record: %s", run_id, error)
                 return None
             paused = now.status is RunStatus.AWAITING_APPROVAL and now.outcome is not None

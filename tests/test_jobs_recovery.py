@@ -25,6 +25,8 @@ from arq.worker import Retry
 
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.jobs import AGENT_RUN, AgentRunArgs, RunQueue, SessionLock, agent_run
+from agent_plugin.messages import TokenUsage
+from agent_plugin.outcomes import Completed
 from agent_plugin.plugin import AgentRuntime
 from agent_plugin.storage.models import RunRow, utcnow
 from agent_plugin.storage.runs import RunStatus
@@ -266,20 +268,40 @@ async def test_a_delivery_whose_run_was_taken_over_stops_at_once(env: JobsEnv) -
 
 async def test_a_run_that_cannot_start_fails_instead_of_coming_back(env: JobsEnv) -> None:
     async with here(env) as h:
-        run_id = await record_only(h, prompt("poison", [["effect", "a"]]))
+        session = f"poison-{time.monotonic_ns()}"
+        run_id = await session_run(h, session, "poison")
+        lock = SessionLock(h.redis, session, run_id, prefix=h.queue.options.key_prefix)
+        assert await lock.claim(1800) == 1  # taken at enqueue (session_lock = "reject")
         async with h.queue.store.database.write() as conn:  # arguments no version can read
             await conn.execute(
                 sa.update(RunRow).where(RunRow.run_id == run_id).values(args={"prompt": 5})
             )
-        with pytest.raises(AgentError) as caught:
-            await agent_run(h.ctx(run_id), run_id)
-        assert caught.value.kind is ErrorKind.DECODE
-        record = await h.queue.get(run_id)
-        assert record.status is RunStatus.FAILED
+        for delivery in range(1, 4):  # max_attempts deliveries: a newer worker may read them
+            with pytest.raises(AgentError) as caught:
+                await agent_run(h.ctx(run_id), run_id)
+            assert caught.value.kind is ErrorKind.DECODE
+            record = await h.queue.get(run_id)
+            assert record.status is (RunStatus.FAILED if delivery == 3 else RunStatus.QUEUED)
         assert record.error is not None
         assert "do not decode" in record.error.message
+        assert await lock.holder() is None  # the session is free again
         await backdate(h, run_id, 5)
         assert await h.queue.reconcile(h.redis) == []  # not delivered again and again
+
+
+async def test_a_redelivery_of_an_ended_run_frees_the_lock_its_worker_left(
+    env: JobsEnv,
+) -> None:
+    async with here(env) as h:
+        session = f"left-{time.monotonic_ns()}"
+        run_id = await session_run(h, session, "left")
+        await h.queue.store.start(run_id, job_id=run_id, lease=30)
+        await h.queue.store.finish(run_id, Completed(text="x", steps_used=1, usage=TokenUsage()))
+        lock = SessionLock(h.redis, session, run_id, prefix=h.queue.options.key_prefix)
+        assert await lock.claim(30) == 1  # its worker died before releasing it
+        result = await agent_run(h.ctx(run_id), run_id)  # the job, delivered again
+        assert result == {"run_id": run_id, "status": "complete"}
+        assert await lock.holder() is None
 
 
 async def session_run(h: Here, session: str, tag: str) -> str:

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -271,7 +272,7 @@ async def test_the_console_is_off_by_default_and_served_when_on(
 @pytest.fixture
 async def quick(env: JobsEnv, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncClient]:
     """A client of an app whose readers look at the run's record every 0.2 s while nothing
-    arrives (every 5 s by default)."""
+    arrives (every 15 s by default)."""
     checking = functools.partial(live.run_events_response, check_every=0.2)
     monkeypatch.setattr(live, "run_events_response", checking)  # what the routes import
     async with serve(env) as value:
@@ -425,3 +426,18 @@ async def test_a_paused_runs_missing_end_ends_a_reader_and_a_follower_waits_on(
     assert [frame["event"] for frame in seen].count("run_end") == 1
     assert seen[-1]["event"] == "run_end"
     assert seen[-1]["data"]["summary"]["status"] == "cancelled"
+
+
+async def test_a_reader_of_a_run_whose_record_went_gets_an_end(quick: httpx.AsyncClient) -> None:
+    jobs = HANDLES[id(quick)].jobs
+    run_id = f"run_{uuid.uuid4().hex}"
+    await jobs.store.create(run_id, origin="request", args={"prompt": "p"})  # its job never came
+    redis = await jobs.redis()
+    await redis.xadd(live.stream_key(run_id, jobs.options.live_prefix), {"type": "x", "data": "{}"})
+    reader = asyncio.create_task(events(quick, run_id))
+    await asyncio.sleep(0.3)
+    assert await jobs.store.discard(run_id)  # the enqueue that recorded it gave up
+    status, seen = await asyncio.wait_for(reader, 10)
+    assert status == 200
+    assert seen[-1]["event"] == "run_end"
+    assert seen[-1]["data"]["error"]["kind"] == "not_found"
