@@ -68,9 +68,11 @@ heartbeat's tick is one arq job per schedule time for every worker (arq's unique
 ``agent_heartbeat:<time>``), and its run id derives from that id, so a second enqueue of the
 same tick is a no-op. A tick is skipped while a run of the heartbeat's session is active (see
 :meth:`RunQueue.session_active`); skips are logged and counted in Redis
-(:meth:`RunQueue.heartbeat_stats`). Missed ticks are not replayed: arq computes a cron job's
-next time from the moment the worker starts (``run_at_startup=False``), so after downtime the
-heartbeat resumes at its next scheduled time with one tick, not one per missed time. The
+(:meth:`RunQueue.heartbeat_stats`). Ticks missed while no worker ran are not replayed: arq
+computes a cron job's next time from the moment the worker starts (``run_at_startup=False``),
+so after downtime the heartbeat resumes at its next scheduled time with one tick, not one per
+missed time. A worker that keeps running but stalls (its event loop blocked, its process
+paused) does catch up: arq then enqueues the ticks it missed meanwhile, one per poll. The
 check-in runs under :meth:`AgentRuntime.heartbeat_policy
 <agent_plugin.plugin.AgentRuntime.heartbeat_policy>` (read-only unless ``allow_actions``).
 
@@ -1951,7 +1953,8 @@ def heartbeat_cron(heartbeat: Heartbeat) -> CronJob:
     the heartbeat's schedule, unique across workers unless ``per_replica``.
 
     ``run_at_startup=False``: a worker that starts (after downtime too) waits for the next
-    scheduled time, so missed ticks are never replayed. Evaluate it in a worker whose
+    scheduled time, so ticks missed while no worker ran are not replayed (a running worker
+    that stalled catches up, one tick per poll). Evaluate it in a worker whose
     ``timezone`` is :meth:`Heartbeat.tzinfo <agent_plugin.proactive.Heartbeat.tzinfo>`.
     """
     return cron(

@@ -722,7 +722,7 @@ class EverySchedule:
     arq's scheduler fires on clock times, so the interval must divide a minute, an hour or a
     day evenly (1-60 s, 2-60 minutes, 2-24 hours, whole seconds only); other intervals are
     refused with a hint to use :meth:`Heartbeat.cron`. Ticks missed while no worker ran are
-    not replayed.
+    not replayed (a running worker that stalled catches up, one tick per poll).
     """
 
     interval: timedelta
