@@ -342,6 +342,38 @@ class Throughput:
         return self.jobs / self.seconds if self.seconds > 0 else float("nan")
 
 
+def _measured(
+    jobs: int,
+    drained: tuple[float, float, float],
+    *,
+    completed: int,
+    workers: tuple[int, float],
+    counted: tuple[SqlCounter, RedisCounter],
+    enqueue_rate: float,
+) -> Throughput:
+    """A drained worker's throughput: ``drained`` is what :func:`_drain` measured (seconds,
+    CPU seconds, startup seconds), ``workers`` its ``(max_jobs, poll_delay)``, ``counted``
+    the SQL and Redis it was counted with."""
+    seconds, cpu, startup = drained
+    sql, redis_counter = counted
+    return Throughput(
+        jobs=jobs,
+        seconds=seconds,
+        cpu_seconds=cpu,
+        startup_seconds=startup,
+        completed=completed,
+        max_jobs=workers[0],
+        poll_delay=workers[1],
+        sql_per_job={k: n / jobs for k, n in sorted(sql.statements.items())},
+        sql_transactions_per_job=sql.transactions / jobs,
+        sql_connections_opened=sql.connections,
+        redis_commands_per_job=redis_counter.commands / jobs,
+        redis_round_trips_per_job=redis_counter.round_trips / jobs,
+        redis_connections_opened=redis_counter.connections,
+        enqueue_per_second=enqueue_rate,
+    )
+
+
 class _Clock:
     """Marks the end of the worker's startup and the end of its last job."""
 
@@ -566,21 +598,13 @@ async def agent_runs(
                 if breakdown is not None:
                     breakdown.restore()
             completed = await count_complete(url, space.job_ids)
-        return Throughput(
-            jobs=runs,
-            seconds=seconds,
-            cpu_seconds=cpu,
-            startup_seconds=startup_s,
+        return _measured(
+            runs,
+            (seconds, cpu, startup_s),
             completed=completed,
-            max_jobs=max_jobs,
-            poll_delay=poll_delay,
-            sql_per_job={k: n / runs for k, n in sorted(sql.statements.items())},
-            sql_transactions_per_job=sql.transactions / runs,
-            sql_connections_opened=sql.connections,
-            redis_commands_per_job=redis_counter.commands / runs,
-            redis_round_trips_per_job=redis_counter.round_trips / runs,
-            redis_connections_opened=redis_counter.connections,
-            enqueue_per_second=enqueue_rate,
+            workers=(max_jobs, poll_delay),
+            counted=(sql, redis_counter),
+            enqueue_rate=enqueue_rate,
         )
     finally:
         await space.clean()
@@ -722,21 +746,13 @@ async def arq_durable(backend: str, jobs: int, *, max_jobs: int, poll_delay: flo
             finally:
                 sql.active = False
             completed = await count_complete(url, space.job_ids)
-        return Throughput(
-            jobs=jobs,
-            seconds=seconds,
-            cpu_seconds=cpu,
-            startup_seconds=startup,
+        return _measured(
+            jobs,
+            (seconds, cpu, startup),
             completed=completed,
-            max_jobs=max_jobs,
-            poll_delay=poll_delay,
-            sql_per_job={k: n / jobs for k, n in sorted(sql.statements.items())},
-            sql_transactions_per_job=sql.transactions / jobs,
-            sql_connections_opened=sql.connections,
-            redis_commands_per_job=redis_counter.commands / jobs,
-            redis_round_trips_per_job=redis_counter.round_trips / jobs,
-            redis_connections_opened=redis_counter.connections,
-            enqueue_per_second=enqueue_rate,
+            workers=(max_jobs, poll_delay),
+            counted=(sql, redis_counter),
+            enqueue_rate=enqueue_rate,
         )
     finally:
         await space.clean()

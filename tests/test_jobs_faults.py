@@ -452,6 +452,14 @@ def runs(count: int, tag: str, **fields: Any) -> list[str]:
     ]
 
 
+def assert_each_ran_once(env: JobsEnv, run_ids: list[str]) -> None:
+    """Each run's one tool call was executed exactly once."""
+    lines = read_log(env.log)
+    for run_id in run_ids:
+        executions = [x for x in lines if x.event == "tool_start" and x.args[0] == run_id]
+        assert len(executions) == 1, (run_id, executions)
+
+
 async def test_a_redis_restart_loses_no_tracked_run(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)
     # a lease longer than a restart takes, even on a busy machine: no job looks abandoned
@@ -487,10 +495,7 @@ async def test_a_redis_restart_loses_no_tracked_run(tmp_path: Path) -> None:
         server.stop()
     assert set(first.values()) == {"complete"}, first
     assert set(second.values()) == {"complete"}, second
-    lines = read_log(env.log)
-    for run_id in queued + busy:
-        executions = [x for x in lines if x.event == "tool_start" and x.args[0] == run_id]
-        assert len(executions) == 1, (run_id, executions)  # no worker died: never twice
+    assert_each_ran_once(env, queued + busy)  # no worker died: never twice
 
 
 async def test_a_redis_that_forgets_everything_loses_no_run_and_doubles_no_call(
@@ -529,10 +534,7 @@ async def test_a_redis_that_forgets_everything_loses_no_run_and_doubles_no_call(
         server.stop()
     assert set(first.values()) == {"complete"}, first
     assert set(second.values()) == {"complete"}, second
-    lines = read_log(env.log)
-    for run_id in queued + busy:
-        executions = [x for x in lines if x.event == "tool_start" and x.args[0] == run_id]
-        assert len(executions) == 1, (run_id, executions)  # no worker died: never twice
+    assert_each_ran_once(env, queued + busy)  # no worker died: never twice
 
 
 async def test_a_claim_that_vanished_takes_no_run_from_its_live_worker(tmp_path: Path) -> None:
@@ -567,7 +569,4 @@ async def test_a_claim_that_vanished_takes_no_run_from_its_live_worker(tmp_path:
             worker.stop()
         clean_redis(env)
     assert set(done.values()) == {"complete"}, done
-    lines = read_log(env.log)
-    for run_id in busy:
-        executions = [x for x in lines if x.event == "tool_start" and x.args[0] == run_id]
-        assert len(executions) == 1, (run_id, executions)
+    assert_each_ran_once(env, busy)
