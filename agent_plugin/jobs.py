@@ -159,7 +159,7 @@ from agent_plugin.proactive import (
 from agent_plugin.redaction import redact_text, scrub
 from agent_plugin.sessions import MessageEntry, resume_in_session, run_in_session
 from agent_plugin.steering import Steering
-from agent_plugin.storage.models import RunRow, utcnow
+from agent_plugin.storage.models import RunRow
 from agent_plugin.storage.runs import RunRecord, RunStatus, SqlRunStore, StalledRun
 
 if TYPE_CHECKING:
@@ -666,10 +666,10 @@ class RunQueue:
         died between recording the run and enqueueing it, when Redis lost its data (a
         restart without persistence, a failover), or when arq dropped the job as expired
         (it waited longer than a day). Such a run would wait for good, its session blocked.
-        The runs :meth:`SqlRunStore.stalled` finds (queued and unchanged for
+        The runs :meth:`SqlRunStore.stalled` finds (queued, due and unchanged for
         ``reconcile_every`` seconds, or in progress under a lease that ran out that long ago)
-        get their job back when Redis holds neither the job nor a claim on it, under the same
-        job id, after a retry's backoff if one is pending. A delivery of a job that was not
+        get their job back, due at once and under the same job id, when Redis holds neither
+        the job nor a claim on it. A delivery of a job that was not
         lost after all is refused by the run's lease or job id, so a reconciliation that
         races one does no harm.
         """
@@ -698,13 +698,11 @@ class RunQueue:
         """
         job_id = run.job_id
         await redis.delete(result_key_prefix + job_id)
-        not_before = run.not_before if run.not_before and run.not_before > utcnow() else None
         job = await redis.enqueue_job(
             AGENT_RESUME if run.resume else AGENT_RUN,
             run.run_id,
             _job_id=job_id,
             _queue_name=self.options.queue_name,
-            _defer_until=not_before,
         )
         return job is not None
 

@@ -164,8 +164,6 @@ class StalledRun:
     job_id: str
     resume: bool
     """Its job is the resume after approval (``agent_resume``), not ``agent_run``."""
-    not_before: datetime | None
-    """When the job is due, if not at once (a retry's backoff): the database's clock."""
     updated_at: datetime
 
 
@@ -325,7 +323,6 @@ class SqlRunStore:
                 _RUNS.run_id,
                 _RUNS.job_id,
                 _RUNS.decisions.is_not(None),
-                _RUNS.lease_until,
                 _RUNS.updated_at,
             )
             .where(
@@ -355,8 +352,8 @@ class SqlRunStore:
             async with self.database.read() as conn:
                 rows = (await conn.execute(keyset)).all()
             runs = [
-                StalledRun(run_id, job_id, bool(resume), lease_until, updated_at)
-                for run_id, job_id, resume, lease_until, updated_at in rows
+                StalledRun(run_id, job_id, bool(resume), updated_at)
+                for run_id, job_id, resume, updated_at in rows
                 if job_id is not None  # (the query asks for it; the type does not know)
             ]
             if runs:
