@@ -392,18 +392,23 @@ class _Clock:
         self.ends += 1
 
 
-async def _drain(worker: Worker, clock: _Clock, begun: float) -> tuple[float, float, float]:
-    """Run a burst worker to the end; (seconds, CPU seconds, startup seconds)."""
+async def _drain(worker: Worker, clock: _Clock) -> tuple[tuple[float, float, float], RedisCounter]:
+    """Run a burst worker to the end, counting its Redis commands; ((seconds, CPU seconds,
+    startup seconds), the counter)."""
     gc.collect()
-    try:
-        await worker.async_run()
-    finally:
-        await worker.close()
-    return (
+    redis_counter = RedisCounter()
+    begun = time.perf_counter()
+    with redis_counter.counting():
+        try:
+            await worker.async_run()
+        finally:
+            await worker.close()
+    timed = (
         clock.last_end - clock.started,
         clock.last_end_cpu - clock.started_cpu,
         clock.started - begun,
     )
+    return timed, redis_counter
 
 
 def _bare_worker(
@@ -467,10 +472,7 @@ async def arq_noop(jobs: int, *, max_jobs: int, poll_delay: float, hold: float =
         worker = _bare_worker(
             _noop(hold), "noop", space, settings, clock, max_jobs=max_jobs, poll_delay=poll_delay
         )
-        redis_counter = RedisCounter()
-        begun = time.perf_counter()
-        with redis_counter.counting():
-            seconds, cpu, startup = await _drain(worker, clock, begun)
+        (seconds, cpu, startup), redis_counter = await _drain(worker, clock)
         return Throughput(
             jobs=jobs,
             seconds=seconds,
@@ -586,11 +588,8 @@ async def agent_runs(
                 burst=True,
                 handle_signals=False,
             )
-            redis_counter = RedisCounter()
-            begun = time.perf_counter()
             try:
-                with redis_counter.counting():
-                    seconds, cpu, startup_s = await _drain(worker, clock, begun)
+                drained, redis_counter = await _drain(worker, clock)
             finally:
                 if profile is not None:
                     profile.disable()
@@ -600,7 +599,7 @@ async def agent_runs(
             completed = await count_complete(url, space.job_ids)
         return _measured(
             runs,
-            (seconds, cpu, startup_s),
+            drained,
             completed=completed,
             workers=(max_jobs, poll_delay),
             counted=(sql, redis_counter),
@@ -738,17 +737,14 @@ async def arq_durable(backend: str, jobs: int, *, max_jobs: int, poll_delay: flo
                 setup=setup,
                 teardown=teardown,
             )
-            redis_counter = RedisCounter()
-            begun = time.perf_counter()
             try:
-                with redis_counter.counting():
-                    seconds, cpu, startup = await _drain(worker, clock, begun)
+                drained, redis_counter = await _drain(worker, clock)
             finally:
                 sql.active = False
             completed = await count_complete(url, space.job_ids)
         return _measured(
             jobs,
-            (seconds, cpu, startup),
+            drained,
             completed=completed,
             workers=(max_jobs, poll_delay),
             counted=(sql, redis_counter),
