@@ -1,19 +1,13 @@
-"""Access to the recorded provider traffic in ``shared/fixtures/wire`` (see its README)."""
+"""Recorded provider traffic in ``tests/fixtures/wire`` (its README names each source)."""
 
 from __future__ import annotations
 
 import json
-import os
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-WIRE_DIR = Path(
-    os.environ.get(
-        "AGENT_WIRE_FIXTURES",
-        Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "wire",
-    )
-)
+WIRE_DIR = Path(__file__).resolve().parent / "fixtures" / "wire"
 
 
 def fixture_names(provider: str | None = None) -> list[str]:

@@ -1,4 +1,4 @@
-"""The Anthropic Messages client against recorded real traffic (``shared/fixtures/wire``).
+"""The Anthropic Messages client against recorded real traffic (``tests/fixtures/wire``).
 
 Every ``anthropic__*`` fixture has an explicit expectation below. Success bodies and streams are
 replayed byte for byte through the real client over ``httpx.MockTransport`` with the recorded

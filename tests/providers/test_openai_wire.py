@@ -1,4 +1,4 @@
-"""The OpenAI-compatible client against recorded real traffic (``shared/fixtures/wire``).
+"""The OpenAI-compatible client against recorded real traffic (``tests/fixtures/wire``).
 
 Every ``openai-compatible__*`` fixture has an explicit expectation below; responses are replayed
 byte for byte through the real client (httpx.MockTransport with the recorded status, headers and
