@@ -1,17 +1,18 @@
 """fastapi-agent-plugin: a provider-agnostic LLM agent for FastAPI apps.
 
-The names a user imports live here; wire clients are in :mod:`agent_plugin.providers`.
-``AgentPlugin``, ``AgentHandle`` and ``AgentSettings`` load on first use, so the agent core
-imports without FastAPI, pydantic-settings or a database driver.
+The names a user imports live here; wire clients are in :mod:`agent_plugin.providers`. The
+FastAPI, arq and settings names (``AgentPlugin``, ``AgentHandle``, ``RunHandle``,
+``JobOptions``, ...) load on first use, so the agent core imports without FastAPI,
+pydantic-settings, arq or a database driver.
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from agent_plugin.agent import Agent, EventSink
+from agent_plugin.agent import Agent
 from agent_plugin.cancellation import CancelToken
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.events import AgentEvent
+from agent_plugin.events import AgentEvent, OutcomeSummary
 from agent_plugin.hooks import (
     AgentHooks,
     Block,
@@ -24,6 +25,7 @@ from agent_plugin.hooks import (
 from agent_plugin.ids import RunId, SessionId, new_run_id
 from agent_plugin.loop_guard import LoopGuard
 from agent_plugin.messages import ChatMessage, Role, TokenUsage, ToolCall, ToolDefinition
+from agent_plugin.options import AgentOverrides, EventSink, RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
     AgentTurn,
@@ -45,14 +47,23 @@ from agent_plugin.tools import FnTool, Tool, ToolContext, ToolEffect, ToolRegist
 
 if TYPE_CHECKING:
     from agent_plugin.config import AgentSettings
-    from agent_plugin.plugin import AgentHandle, AgentPlugin
+    from agent_plugin.jobs import JobOptions, RunHandle
+    from agent_plugin.records import RunRecord, RunStatus
+    from agent_plugin.runtime import AgentRuntime
+    from agent_plugin.web import AgentHandle, AgentPlugin, AppAgent
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "AgentHandle": "agent_plugin.plugin",
-    "AgentPlugin": "agent_plugin.plugin",
+    "AgentHandle": "agent_plugin.web",
+    "AgentPlugin": "agent_plugin.web",
+    "AgentRuntime": "agent_plugin.runtime",
     "AgentSettings": "agent_plugin.config",
+    "AppAgent": "agent_plugin.web",
+    "JobOptions": "agent_plugin.jobs",
+    "RunHandle": "agent_plugin.jobs",
+    "RunRecord": "agent_plugin.records",
+    "RunStatus": "agent_plugin.records",
 }
 
 
@@ -72,10 +83,13 @@ __all__ = [
     "AgentHandle",
     "AgentHooks",
     "AgentOutcome",
+    "AgentOverrides",
     "AgentPlugin",
+    "AgentRuntime",
     "AgentSettings",
     "AgentTurn",
     "AllowAll",
+    "AppAgent",
     "ApprovalDecision",
     "AwaitingApproval",
     "Block",
@@ -91,17 +105,23 @@ __all__ = [
     "ErrorKind",
     "EventSink",
     "FnTool",
+    "JobOptions",
     "LlmClient",
     "LoopDetected",
     "LoopGuard",
     "Modify",
+    "OutcomeSummary",
     "PauseRun",
     "Paused",
     "RetryPolicy",
     "Role",
+    "RunHandle",
     "RunId",
     "RunInfo",
+    "RunOptions",
+    "RunRecord",
     "RunState",
+    "RunStatus",
     "ScriptedModel",
     "SessionId",
     "Strictest",

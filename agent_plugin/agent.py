@@ -22,13 +22,14 @@ import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Final
 
 from pydantic import JsonValue
 
 from agent_plugin.budget import Budget, estimate_message, truncate_history
-from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
+from agent_plugin.cancellation import RunCancelled, until_cancelled
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import (
     AgentEvent,
@@ -68,6 +69,7 @@ from agent_plugin.messages import (
     text_of,
     tool_calls_of,
 )
+from agent_plugin.options import EventSink, RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
     AgentTurn,
@@ -104,7 +106,6 @@ from agent_plugin.providers.base import (
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.redaction import redact
 from agent_plugin.rounds import ToolRound
-from agent_plugin.steering import Steering
 from agent_plugin.tools import (
     Tool,
     ToolRegistry,
@@ -112,16 +113,13 @@ from agent_plugin.tools import (
 )
 
 if TYPE_CHECKING:  # these load on first use, not with the core
-    from agent_plugin.journal import RunJournal
+    from agent_plugin.compaction import Compaction
     from agent_plugin.memory import MemoryStore
-    from agent_plugin.sessions import Compaction, SessionStore, SessionTurn
     from agent_plugin.skills import Skill
 
-__all__ = ["Agent", "EventSink"]
+__all__ = ["Agent"]
 
-EventSink = Callable[[AgentEvent], None]
-"""Receives every event of a run, synchronously, in order. Must not block."""
-
+_NO_OPTIONS: Final = RunOptions()
 _NOT_RUN: Final = error_payload("the run was cancelled before this call ran")
 
 
@@ -204,64 +202,35 @@ class Agent:
         self,
         prompt: str | ChatMessage,
         *,
-        run_id: str | None = None,
+        history: Sequence[ChatMessage] = (),
+        options: RunOptions | None = None,
         session_id: str | None = None,
-        cancel: CancelToken | None = None,
-        steering: Steering | None = None,
-        on_event: EventSink | None = None,
-    ) -> AgentOutcome:
-        """Run one task from scratch and return its outcome."""
-        turn = await self.run_turn(
-            [],
-            prompt,
-            run_id=run_id,
-            session_id=session_id,
-            cancel=cancel,
-            steering=steering,
-            on_event=on_event,
-        )
-        return turn.outcome
-
-    async def run_turn(
-        self,
-        history: Sequence[ChatMessage],
-        prompt: str | ChatMessage,
-        *,
-        run_id: str | None = None,
-        session_id: str | None = None,
-        cancel: CancelToken | None = None,
-        steering: Steering | None = None,
-        on_event: EventSink | None = None,
-        stream: bool = False,
         session_version: int | None = None,
-        journal: RunJournal | None = None,
     ) -> AgentTurn:
-        """Continue a transcript with a new user message.
+        """Run a task, after ``history`` if given, and return the outcome with the transcript.
 
         System messages in ``history`` are dropped (the agent supplies its own), and a
         transcript with unanswered calls or stray results is repaired first; the turn's
-        ``new_messages`` are what this run added. ``session_version`` is recorded in a paused
-        run's state for session stores (see :mod:`agent_plugin.sessions`).
+        ``new_messages`` are what this run added. ``session_id`` and ``session_version`` name
+        the session the run belongs to and the version it started from (kept in a paused
+        run's state; :func:`agent_plugin.sessions.run` sets them).
         """
         message = ChatMessage.user(prompt) if isinstance(prompt, str) else prompt
         if message.role is not Role.USER:
             raise AgentError.config(f"a prompt must be a user message, got {message.role.value}")
+        opts = options or _NO_OPTIONS
         repaired = repair_transcript(list(history))
         run = _Run(
             self,
-            run_id=run_id or new_run_id(),
+            opts,
+            run_id=opts.run_id or new_run_id(),
             session_id=session_id,
             messages=[*repaired, message],
             history_length=len(repaired),
             session_version=session_version,
-            journal=journal,
-            steering=steering,
             usage=TokenUsage(),
             steps_used=0,
             tracker=self.loop_guard.tracker(),
-            cancel=cancel,
-            emit=on_event,
-            streaming=stream,
         )
         return await run.execute(run.drive(), resumed=False)
 
@@ -270,36 +239,29 @@ class Agent:
         state: RunState,
         decisions: Iterable[ApprovalDecision] = (),
         *,
-        cancel: CancelToken | None = None,
-        steering: Steering | None = None,
-        on_event: EventSink | None = None,
-        stream: bool = False,
-        journal: RunJournal | None = None,
+        options: RunOptions | None = None,
     ) -> AgentTurn:
         """Continue a run that paused for approval (or was paused by a hook), or a run
         recovered from its journal (:func:`agent_plugin.journal.recover`).
 
         Each decision must name a call that awaits approval; a call without a decision is
         rejected with ``no decision was given``. Calls the policy allowed or denied keep that
-        verdict: the policy is not asked again. The deadline starts afresh.
+        verdict: the policy is not asked again. The deadline starts afresh. The run keeps the
+        state's id (``options.run_id`` is not used).
         """
         pending = _apply_decisions(state, list(decisions))
         run = _Run(
             self,
+            options or _NO_OPTIONS,
             run_id=state.run_id,
             session_id=state.session_id,
             messages=list(state.messages),
             history_length=state.history_length,
             session_version=state.session_version,
-            journal=journal,
             pending=pending,
-            steering=steering,
             usage=state.usage,
             steps_used=state.steps_used,
             tracker=self.loop_guard.tracker(state.recent_calls),
-            cancel=cancel,
-            emit=on_event,
-            streaming=stream,
         )
         return await run.execute(run.continue_from(pending), resumed=True)
 
@@ -308,101 +270,21 @@ class Agent:
         prompt: str | ChatMessage,
         *,
         history: Sequence[ChatMessage] = (),
-        run_id: str | None = None,
-        session_id: str | None = None,
-        cancel: CancelToken | None = None,
-        steering: Steering | None = None,
+        options: RunOptions | None = None,
     ) -> AsyncIterator[AgentEvent]:
         """Run a task and yield its events as they happen; the last one is ``run_end``.
 
         The model is called through ``LlmClient.stream``, so text arrives as ``text_delta``
-        events. Leaving the iteration early cancels the run.
+        events (``options.stream`` is implied; an ``options.on_event`` sink gets every event
+        too). Leaving the iteration early cancels the run.
         """
+        opts = options or _NO_OPTIONS
         return _events_of(
-            lambda sink: self.run_turn(
-                history,
+            lambda sink: self.run(
                 prompt,
-                run_id=run_id,
-                session_id=session_id,
-                cancel=cancel,
-                steering=steering,
-                on_event=sink,
-                stream=True,
+                history=history,
+                options=replace(opts, on_event=_tee(sink, opts.on_event), stream=True),
             )
-        )
-
-    def stream_resume(
-        self,
-        state: RunState,
-        decisions: Iterable[ApprovalDecision] = (),
-        *,
-        cancel: CancelToken | None = None,
-    ) -> AsyncIterator[AgentEvent]:
-        """:meth:`resume`, yielding events like :meth:`stream`."""
-        decided = list(decisions)
-        return _events_of(
-            lambda sink: self.resume(state, decided, cancel=cancel, on_event=sink, stream=True)
-        )
-
-    async def run_in_session(
-        self,
-        store: SessionStore,
-        session_id: str,
-        prompt: str | ChatMessage,
-        *,
-        run_id: str | None = None,
-        cancel: CancelToken | None = None,
-        steering: Steering | None = None,
-        on_event: EventSink | None = None,
-        stream: bool = False,
-        journal: RunJournal | None = None,
-    ) -> SessionTurn:
-        """Continue a stored conversation; see :func:`agent_plugin.sessions.run_in_session`.
-
-        Long sessions are compacted first when the agent has ``compaction``; the turn is saved
-        unless the run paused.
-        """
-        from agent_plugin import sessions
-
-        return await sessions.run_in_session(
-            self,
-            store,
-            session_id,
-            prompt,
-            compaction=self.compaction,
-            run_id=run_id,
-            cancel=cancel,
-            steering=steering,
-            on_event=on_event,
-            stream=stream,
-            journal=journal,
-        )
-
-    async def resume_in_session(
-        self,
-        store: SessionStore,
-        state: RunState,
-        decisions: Iterable[ApprovalDecision] = (),
-        *,
-        cancel: CancelToken | None = None,
-        steering: Steering | None = None,
-        on_event: EventSink | None = None,
-        stream: bool = False,
-        journal: RunJournal | None = None,
-    ) -> SessionTurn:
-        """Resume a run paused in a session and save the finished turn."""
-        from agent_plugin import sessions
-
-        return await sessions.resume_in_session(
-            self,
-            store,
-            state,
-            decisions,
-            cancel=cancel,
-            steering=steering,
-            on_event=on_event,
-            stream=stream,
-            journal=journal,
         )
 
     # --- preparation -----------------------------------------------------------------------
@@ -458,6 +340,17 @@ def _apply_decisions(state: RunState, decisions: list[ApprovalDecision]) -> list
     return resolved
 
 
+def _tee(first: EventSink, second: EventSink | None) -> EventSink:
+    if second is None:
+        return first
+
+    def both(event: AgentEvent) -> None:
+        first(event)
+        second(event)
+
+    return both
+
+
 async def _events_of(
     start: Callable[[EventSink], Awaitable[AgentTurn]],
 ) -> AsyncIterator[AgentEvent]:
@@ -483,6 +376,7 @@ class _Run:
     def __init__(
         self,
         agent: Agent,
+        options: RunOptions,
         *,
         run_id: str,
         session_id: str | None,
@@ -490,18 +384,13 @@ class _Run:
         usage: TokenUsage,
         steps_used: int,
         tracker: LoopTracker,
-        cancel: CancelToken | None,
-        emit: EventSink | None,
-        streaming: bool,
         history_length: int,
         session_version: int | None,
-        journal: RunJournal | None = None,
         pending: list[PendingCall] | None = None,
-        steering: Steering | None = None,
     ) -> None:
         self.agent = agent
-        self.journal = journal
-        self.steering = steering
+        self.journal = options.journal
+        self.steering = options.steering
         self.initial_pending = pending or []
         self.history_length = history_length
         self.session_version = session_version
@@ -513,9 +402,9 @@ class _Run:
         self.usage = usage
         self.steps_used = steps_used
         self.tracker = tracker
-        self.cancel = cancel
-        self.emit = emit
-        self.streaming = streaming
+        self.cancel = options.cancel
+        self.emit = options.on_event
+        self.streaming = options.stream
         self.hooks = agent.hook_set
         self.system: ChatMessage | None = None  # set by execute(): preparing may need I/O
         self.system_cost = 0
@@ -530,10 +419,10 @@ class _Run:
             run_id=run_id,
             session_id=session_id,
             deadline=self.deadline,
-            cancel=cancel,
-            emit=emit,
+            cancel=self.cancel,
+            emit=self.emit,
             on_child_usage=self.add_usage,
-            on_tool_done=self.tool_done if journal is not None else None,
+            on_tool_done=self.tool_done if self.journal is not None else None,
         )
 
     # --- bookkeeping -----------------------------------------------------------------------

@@ -20,6 +20,7 @@ from agent_plugin.agent import Agent
 from agent_plugin.errors import AgentError
 from agent_plugin.events import AgentEvent, ModelResponded
 from agent_plugin.messages import TokenUsage
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import AwaitingApproval, Completed
 from agent_plugin.rounds import child_usage_sink
 from agent_plugin.tools import ToolContext, ToolEffect, _check_name, _coerce_effect
@@ -124,7 +125,9 @@ class AgentTool:
         usage: TokenUsage | None = None
         unset = child_usage_sink.set(None)
         try:
-            outcome = await self._agent.run(task.strip(), on_event=meter)
+            outcome = (
+                await self._agent.run(task.strip(), options=RunOptions(on_event=meter))
+            ).outcome
             usage = outcome.usage
         finally:
             child_usage_sink.reset(unset)

@@ -7,7 +7,9 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["BODY_LIMIT", "AgentError", "ErrorInfo", "ErrorKind"]
+from agent_plugin.redaction import redact_text
+
+__all__ = ["BODY_LIMIT", "AgentError", "ErrorInfo", "ErrorKind", "describe"]
 
 BODY_LIMIT: Final = 500
 """At most this many characters of a provider's error body are kept in an error."""
@@ -158,3 +160,12 @@ class AgentError(Exception):
     @classmethod
     def tool(cls, message: str) -> AgentError:
         return cls(ErrorKind.TOOL, message)
+
+
+def describe(error: BaseException) -> str:
+    """One line about ``error`` for a log or a tool's error: an :class:`AgentError`'s message,
+    else the exception's type and text; credential-looking text is redacted."""
+    if isinstance(error, AgentError):
+        return redact_text(error.message)
+    text = redact_text(str(error))
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

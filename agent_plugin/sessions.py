@@ -1,44 +1,29 @@
-"""Sessions: conversations that outlive a run, kept as append-only entries, and compaction.
+"""Sessions: conversations that outlive a run, kept as append-only entries.
 
-A session is an ordered list of entries [AP-34..AP-36]. A :class:`MessageEntry` holds one
-message of the transcript (never the system prompt: the agent supplies its own); a
-:class:`CompactionEntry` records that the messages before ``first_kept_seq`` were folded into a
-summary. Entries are numbered ``seq = 1, 2, 3, ...`` within their session and never rewritten,
-so the full history stays readable for audit (:meth:`SessionStore.entries`) while the model
-sees the compacted :class:`SessionView`. A session's *version* is the ``seq`` of its last entry;
-every write names the version it expects, so a concurrent writer is detected
-(``ErrorKind.CONFLICT``) instead of two runs' messages being interleaved.
+A session is an ordered list of entries: a :class:`MessageEntry` per message (never the system
+prompt) and a :class:`CompactionEntry` where the head was folded into a summary. Entries are
+numbered ``seq = 1, 2, ...`` and never rewritten; a session's *version* is the ``seq`` of its
+last entry, and every write names the version it expects, so a second writer is a ``CONFLICT``
+instead of an interleaving. :class:`SessionStore` is the protocol (``tests/store_conformance.py``
+is the suite every store passes), :class:`InMemorySessionStore` the in-process store.
 
-:func:`run_in_session` and :func:`resume_in_session` follow reference §1.14: load, compact when
-configured, run, and save the turn's new messages unless the run paused; a resume saves once
-it finishes.
+:func:`run` and :func:`resume` are the one door a run goes through, in a session or not: the
+web handle and the background worker both call them.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from agent_plugin.budget import estimate_message, estimate_messages
 from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
+from agent_plugin.compaction import Compaction, CompactionReport, summary_message
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.messages import (
-    ChatMessage,
-    ContentPart,
-    ImagePart,
-    RedactedThinkingPart,
-    Role,
-    TextPart,
-    ThinkingPart,
-    TokenUsage,
-    ToolCallPart,
-    ToolResultPart,
-)
+from agent_plugin.messages import ChatMessage, TokenUsage
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
     AgentTurn,
@@ -47,21 +32,14 @@ from agent_plugin.outcomes import (
     Paused,
     RunState,
 )
-from agent_plugin.providers.base import ChatRequest, LlmClient
+from agent_plugin.providers.base import LlmClient
 
 if TYPE_CHECKING:
-    from agent_plugin.agent import Agent, EventSink
-    from agent_plugin.journal import RunJournal
-    from agent_plugin.steering import Steering
+    from agent_plugin.agent import Agent
 
 __all__ = [
     "MAX_SESSION_ID_LENGTH",
-    "SUMMARY_INSTRUCTIONS",
-    "SUMMARY_PREFIX",
-    "Compaction",
     "CompactionEntry",
-    "CompactionReport",
-    "CompactionResult",
     "InMemorySessionStore",
     "MessageEntry",
     "SessionEntry",
@@ -74,53 +52,20 @@ __all__ = [
     "compact_session",
     "compaction_target_error",
     "conflict_error",
-    "render_transcript",
-    "resume_in_session",
-    "run_in_session",
+    "resume",
+    "run",
     "session_entry_adapter",
-    "summary_message",
 ]
-
-SUMMARY_PREFIX: Final = "[Summary of the earlier conversation]\n"
-"""The start of the one user message that stands for the summarised head of a session."""
 
 MAX_SESSION_ID_LENGTH: Final = 255
 """Session ids are non-empty strings of at most this many characters (a database key)."""
-
-SUMMARY_INSTRUCTIONS: Final = (
-    "You compress the earlier part of a conversation between a user and an AI agent, so that "
-    "the agent can carry on without it. Write a dense summary for that agent. Keep: the user's "
-    "goals and standing instructions; decisions made and why; facts with their exact names, ids, "
-    "numbers, paths and values; tool results that are still relevant; open tasks and what was "
-    "about to happen next. Leave out small talk and pleasantries. Do not address the user and "
-    "do not answer any request in the conversation: write only the summary."
-)
-"""The system prompt of the summary call."""
-
-RESULT_PREVIEW_CHARS: Final = 600
-"""A tool result is rendered for the summary call with at most this many characters."""
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def summary_message(summary: str) -> ChatMessage:
-    """The user message that replaces a summarised head: the prefix, then the summary."""
-    return ChatMessage.user(SUMMARY_PREFIX + summary)
-
-
 # --- entries and views ---------------------------------------------------------------------
-
-
-class CompactionReport(_Model):
-    """What a compaction did: how many messages it folded, the estimated tokens of the
-    transcript before and after, and the usage of the summary call (not charged to any run)."""
-
-    summarized_messages: int = Field(ge=1)
-    tokens_before: int = Field(ge=0)
-    tokens_after: int = Field(ge=0)
-    usage: TokenUsage = Field(default_factory=TokenUsage)
 
 
 class MessageEntry(_Model):
@@ -428,149 +373,7 @@ class InMemorySessionStore:
             self._latest.pop(session_id, None)
 
 
-# --- compaction ----------------------------------------------------------------------------
-
-
-def render_transcript(messages: Sequence[ChatMessage]) -> str:
-    """The transcript as plain text for the summary call, one line per part [reference §1.14].
-
-    ``<role>: <text>``; ``<role> called <name> with <args json>``; ``<role> result: <the
-    first 600 characters>`` (``result (error)`` for a failed call); ``<role> thought: <text>``
-    for reasoning; ``<role>: [image <url>]`` or ``<role>: [image: <media type>]`` (inline
-    image data is never copied). Empty texts and redacted (encrypted) reasoning are left out.
-    """
-    lines: list[str] = []
-    for message in messages:
-        role = message.role.value
-        for part in message.content:
-            line = _render_part(role, part)
-            if line is not None:
-                lines.append(line)
-    return "\n".join(lines)
-
-
-def _render_part(role: str, part: ContentPart) -> str | None:
-    if isinstance(part, TextPart):
-        return f"{role}: {part.text}" if part.text else None
-    if isinstance(part, ToolCallPart):
-        call = part.tool_call
-        arguments = call.raw_arguments
-        if arguments is None:
-            arguments = json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
-        return f"{role} called {call.name} with {arguments}"
-    if isinstance(part, ToolResultPart):
-        result = part.tool_result
-        label = "result (error)" if result.is_error else "result"
-        return f"{role} {label}: {result.content[:RESULT_PREVIEW_CHARS]}"
-    if isinstance(part, ImagePart):
-        image = part.image
-        if image.url is not None and not image.url.startswith("data:"):
-            return f"{role}: [image {image.url}]"
-        media_type = image.media_type
-        if media_type is None and image.url is not None:
-            media_type = image.url[len("data:") :].split(";", 1)[0].split(",", 1)[0] or None
-        return f"{role}: [image: {media_type or 'unknown type'}]"
-    if isinstance(part, ThinkingPart):
-        return f"{role} thought: {part.thinking.text}" if part.thinking.text else None
-    if isinstance(part, RedactedThinkingPart):
-        return None
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionResult:
-    """A compacted transcript: the summary message, then the kept tail."""
-
-    summary: str
-    """The model's summary, trimmed."""
-    messages: list[ChatMessage]
-    report: CompactionReport
-
-    @property
-    def split(self) -> int:
-        """How many messages of the original transcript the summary replaced."""
-        return self.report.summarized_messages
-
-
-@dataclass(frozen=True, slots=True)
-class Compaction:
-    """When and how to fold the head of a long session into one summary [AP-36].
-
-    A transcript estimated above ``trigger_tokens`` keeps its newest messages, at most
-    ``keep_recent_tokens`` of them starting on a user message, and the rest is summarised by
-    one tool-less model call capped at ``summary_max_tokens``.
-    """
-
-    trigger_tokens: int = 24_000
-    keep_recent_tokens: int = 8_000
-    summary_max_tokens: int = 1_024
-
-    def __post_init__(self) -> None:
-        for name in ("trigger_tokens", "keep_recent_tokens", "summary_max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise AgentError.config(
-                    f"compaction {name} must be a positive integer, got {value!r}"
-                )
-
-    def split_point(self, messages: Sequence[ChatMessage]) -> int | None:
-        """The index of the first kept message, or ``None`` when there is no split point.
-
-        Walking from the newest message down to index 1 while the tail stays within
-        ``keep_recent_tokens``, the oldest user message seen: the kept tail starts on a user
-        message, so no tool result loses its call, and index 0 is never a split point.
-        """
-        tail = 0
-        split: int | None = None
-        for index in range(len(messages) - 1, 0, -1):
-            tail += estimate_message(messages[index])
-            if tail > self.keep_recent_tokens:
-                break
-            if messages[index].role is Role.USER:
-                split = index
-        return split
-
-    async def compact(
-        self, model: LlmClient, messages: Sequence[ChatMessage], *, force: bool = False
-    ) -> CompactionResult | None:
-        """Summarise the head of ``messages``, or return ``None`` and call no model.
-
-        ``None`` when the transcript is estimated at ``trigger_tokens`` or less (unless
-        ``force``: manual compaction ignores the trigger) or has no split point. A failed or
-        empty summary call raises :class:`AgentError`; nothing is changed then.
-        """
-        before = estimate_messages(messages)
-        if not force and before <= self.trigger_tokens:
-            return None
-        split = self.split_point(messages)
-        if split is None:
-            return None
-        request = ChatRequest(
-            messages=[
-                ChatMessage.system(SUMMARY_INSTRUCTIONS),
-                ChatMessage.user(render_transcript(messages[:split])),
-            ],
-            max_tokens=self.summary_max_tokens,
-        )
-        response = await model.chat(request)
-        summary = response.text.strip()
-        if not summary:
-            raise AgentError(
-                ErrorKind.PROVIDER,
-                "the summary call returned no text; the session was not compacted",
-                provider=model.provider_name,
-            )
-        compacted = [summary_message(summary), *messages[split:]]
-        report = CompactionReport(
-            summarized_messages=split,
-            tokens_before=before,
-            tokens_after=estimate_messages(compacted),
-            usage=response.usage,
-        )
-        return CompactionResult(summary=summary, messages=compacted, report=report)
-
-
-# --- running in a session ------------------------------------------------------------------
+# --- running in a session or not -------------------------------------------------------
 
 
 class SessionTurn(AgentTurn):
@@ -581,6 +384,84 @@ class SessionTurn(AgentTurn):
     session_id: str
     session_version: int
     compaction: CompactionReport | None = None
+
+
+async def run(
+    agent: Agent,
+    prompt: str | ChatMessage,
+    *,
+    session: str | None = None,
+    store: SessionStore | None = None,
+    options: RunOptions | None = None,
+) -> AgentTurn:
+    """Run ``prompt`` on its own, or as the next turn of ``session`` in ``store``.
+
+    In a session: load it; compact it first when the agent has ``compaction`` and the session
+    is long enough (the summary call's usage is reported, not charged to the run); run the
+    turn; append its new messages unless the run paused (a resume saves them once it
+    finishes). Raises ``CONFLICT`` if another writer changed the session during the turn
+    (nothing of the turn is saved then) and leaves the session unchanged if the summary call
+    fails.
+    """
+    if session is None:
+        return await agent.run(prompt, options=options)
+    check_session_id(session)
+    sessions = _store(store, session)
+    view = await sessions.load(session)
+    report: CompactionReport | None = None
+    if agent.compaction is not None:
+        cancel = options.cancel if options is not None else None
+        view, report = await _compacted(
+            agent.model, sessions, session, view, agent.compaction, force=False, cancel=cancel
+        )
+    turn = await agent.run(
+        prompt,
+        history=view.messages,
+        options=options,
+        session_id=session,
+        session_version=view.version,
+    )
+    return await _saved(sessions, session, turn, view.version, compaction=report)
+
+
+async def resume(
+    agent: Agent,
+    state: RunState,
+    decisions: Iterable[ApprovalDecision] = (),
+    *,
+    store: SessionStore | None = None,
+    options: RunOptions | None = None,
+) -> AgentTurn:
+    """Continue a paused (or recovered) run, and save its turn to its session once it ends.
+
+    A state from :func:`run` in a session carries the session id and the version the run
+    started from. If the session changed since, say a new message was sent meanwhile, this
+    raises ``CONFLICT`` before any approved tool runs. If the session already holds exactly the
+    turn's new messages (a worker saved the turn and stopped before recording the run's end),
+    the run's outcome is answered without saving again. A run that pauses again saves nothing.
+    """
+    session, expected = state.session_id, state.session_version
+    if session is None or expected is None:
+        return await agent.resume(state, decisions, options=options)
+    sessions = _store(store, session)
+    mine = state.messages[state.history_length :]
+    newer = await sessions.entries(session, after=expected, limit=len(mine) + 1)
+    if newer and mine and [e.message for e in newer if isinstance(e, MessageEntry)] == mine:
+        return await agent.resume(state, decisions)  # saved already: its outcome, unsaved
+    if newer:
+        raise AgentError(
+            ErrorKind.CONFLICT,
+            f"session {session!r} changed after run {state.run_id!r} paused at version "
+            f"{expected}: the paused turn can no longer be saved",
+        )
+    turn = await agent.resume(state, decisions, options=options)
+    return await _saved(sessions, session, turn, expected)
+
+
+def _store(store: SessionStore | None, session: str) -> SessionStore:
+    if store is None:
+        raise AgentError.config(f"session {session!r} needs a session store to run in")
+    return store
 
 
 def _paused(outcome: AgentOutcome) -> bool:
@@ -619,99 +500,6 @@ async def _compacted(
     return compacted, result.report
 
 
-async def run_in_session(
-    agent: Agent,
-    store: SessionStore,
-    session_id: str,
-    prompt: str | ChatMessage,
-    *,
-    compaction: Compaction | None = None,
-    run_id: str | None = None,
-    cancel: CancelToken | None = None,
-    steering: Steering | None = None,
-    on_event: EventSink | None = None,
-    stream: bool = False,
-    journal: RunJournal | None = None,
-) -> SessionTurn:
-    """Continue the session with ``prompt`` [AP-35].
-
-    Loads the session; with ``compaction``, compacts it first when it is long enough (the
-    summary call goes to the agent's model, its usage is reported, not charged to the run);
-    runs the turn; and appends the turn's new messages unless the run paused for approval or
-    a hook paused it (then nothing is saved: :func:`resume_in_session` saves once the run
-    finishes, and a new message meanwhile continues from the last saved transcript).
-
-    Raises ``ErrorKind.CONFLICT`` if another writer changed the session during the turn; the
-    turn's messages are then not saved and the caller decides (retry on a fresh load, or
-    report). A failed summary call raises and leaves the session unchanged. ``journal``
-    checkpoints the run (see :mod:`agent_plugin.journal`).
-    """
-    check_session_id(session_id)
-    view = await store.load(session_id)
-    report: CompactionReport | None = None
-    if compaction is not None:
-        view, report = await _compacted(
-            agent.model, store, session_id, view, compaction, force=False, cancel=cancel
-        )
-    turn = await agent.run_turn(
-        view.messages,
-        prompt,
-        run_id=run_id,
-        session_id=session_id,
-        cancel=cancel,
-        steering=steering,
-        on_event=on_event,
-        stream=stream,
-        session_version=view.version,
-        journal=journal,
-    )
-    return await _saved(store, session_id, turn, view.version, compaction=report)
-
-
-async def resume_in_session(
-    agent: Agent,
-    store: SessionStore,
-    state: RunState,
-    decisions: Iterable[ApprovalDecision] = (),
-    *,
-    cancel: CancelToken | None = None,
-    steering: Steering | None = None,
-    on_event: EventSink | None = None,
-    stream: bool = False,
-    journal: RunJournal | None = None,
-) -> SessionTurn:
-    """Resume a run paused in a session, and save the whole turn once it finishes [AP-35].
-
-    The state must come from :func:`run_in_session` (it carries the session id and the
-    version the run started from). If the session changed since the pause, for example a new
-    message was sent meanwhile, this raises ``ErrorKind.CONFLICT`` before any approved tool
-    runs. A run that pauses again saves nothing.
-    """
-    session_id = state.session_id
-    expected = state.session_version
-    if session_id is None or expected is None:
-        raise AgentError.config(
-            f"run {state.run_id!r} was not run in a session: resume it with Agent.resume"
-        )
-    newer = await store.entries(session_id, after=expected, limit=1)
-    if newer:
-        raise AgentError(
-            ErrorKind.CONFLICT,
-            f"session {session_id!r} changed after run {state.run_id!r} paused at version "
-            f"{expected}: the paused turn can no longer be saved",
-        )
-    turn = await agent.resume(
-        state,
-        decisions,
-        cancel=cancel,
-        steering=steering,
-        on_event=on_event,
-        stream=stream,
-        journal=journal,
-    )
-    return await _saved(store, session_id, turn, expected)
-
-
 async def _saved(
     store: SessionStore,
     session_id: str,
@@ -744,7 +532,7 @@ async def compact_session(
     """Compact a stored session now, and return the report (``None``: nothing to compact).
 
     Manual compaction ignores ``trigger_tokens`` unless ``force`` is false; it still needs a
-    split point. Raises ``ErrorKind.CONFLICT`` if the session changed during the summary call.
+    split point. Raises ``CONFLICT`` if the session changed during the summary call.
     """
     check_session_id(session_id)
     view = await store.load(session_id)

@@ -85,16 +85,21 @@ from sqlalchemy import event
 
 from agent_plugin.agent import Agent
 from agent_plugin.errors import AgentError
-from agent_plugin.jobs import JobOptions, _ProgressAtCheckpoints, run_args
+from agent_plugin.ids import new_run_id
+from agent_plugin.jobs import JobOptions, RunArgs, runtime_of
+from agent_plugin.jobs.attempt import ProgressAtCheckpoints
 from agent_plugin.journal import InMemoryJournal, JournalEntry, Started, ToolDone
 from agent_plugin.messages import Role
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import AgentOutcome, Completed
-from agent_plugin.plugin import AgentPlugin, AgentRuntime
 from agent_plugin.providers.base import ChatRequest
 from agent_plugin.providers.scripted import Reply, ScriptedModel, tool_call
+from agent_plugin.records import RunStatus
+from agent_plugin.runtime import AgentRuntime
 from agent_plugin.storage import Database, SqlRunStore
-from agent_plugin.storage.runs import RunStatus, SqlRunJournal
+from agent_plugin.storage.runs import SqlRunJournal
 from agent_plugin.tools import FnTool
+from agent_plugin.web import AgentPlugin
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -523,19 +528,13 @@ def make_plugin(
 
 
 async def enqueue_runs(plugin: AgentPlugin, space: RedisSpace, runs: int) -> float:
-    """Enqueue ``runs`` tracked runs from an app-side runtime; answers runs enqueued per s."""
-    runtime = await plugin.start()
-    try:
-        queue = runtime.jobs
-        if queue is None:
-            raise RuntimeError("background runs are off for the benchmark plugin")
+    """Enqueue ``runs`` tracked runs from an app-side agent; answers runs enqueued per s."""
+    async with plugin.open() as agent:
         start = time.perf_counter()
         for i in range(runs):
-            handle = await queue.enqueue(run_args(f"STEPS=1 run {i}: use the noop tool"))
+            handle = await agent.enqueue(f"STEPS=1 run {i}: use the noop tool")
             space.job_ids.append(handle.run_id)
         return runs / (time.perf_counter() - start)
-    finally:
-        await runtime.aclose()
 
 
 async def count_complete(url: str, run_ids: list[str]) -> int:
@@ -573,7 +572,7 @@ async def agent_runs(
 
             async def on_startup(ctx: dict[str, Any]) -> None:
                 await startup(ctx)
-                database = ctx["agent_runtime"].database
+                database = runtime_of(ctx).database
                 if database is not None:
                     sql.attach(database)
                 sql.active = True
@@ -639,17 +638,13 @@ class RunWrites:
 
 
 async def capture_run_writes(runtime: AgentRuntime, lease: float) -> RunWrites:
-    """Run the worker's agent (built as ``_drive_live`` builds it) once in process, one tool
-    round with the scripted model, journaling in memory: the entries a worker's run writes."""
-    args = run_args("STEPS=1 run 0: use the noop tool")
-    agent = runtime.agent_with(
-        args.memory_scope,
-        system_prompt=args.system_prompt,
-        max_steps=args.max_steps,
-        followup_depth=args.followup_depth,
-    )
+    """Run the worker's agent (built as an attempt builds it) once in process, one tool round
+    with the scripted model, journaling in memory: the entries a worker's run writes."""
+    args = RunArgs(prompt="STEPS=1 run 0: use the noop tool")
+    agent = runtime.agent_for(args.overrides)
     journal = InMemoryJournal()
-    turn = await agent.run_turn([], args.prompt, run_id=args.run_id, journal=journal)
+    options = RunOptions(run_id=new_run_id(), journal=journal)
+    turn = await agent.run(args.prompt, options=options)
     if not isinstance(turn.outcome, Completed) or turn.outcome.steps_used != 1:
         raise RuntimeError(f"durable bench: the captured run ended {turn.outcome!r}")
     return RunWrites(tuple(journal.entries), turn.outcome, agent.budget.max_steps, lease)
@@ -666,7 +661,7 @@ async def durable_job(ctx: dict[str, Any], run_id: str) -> None:
     await store.args(run_id)
     record = await store.start(run_id, job_id=ctx["job_id"], lease=writes.lease)
     journal = store.journal(
-        run_id, attempt=record.attempt, progress=_ProgressAtCheckpoints(writes.max_steps)
+        run_id, attempt=record.attempt, progress=ProgressAtCheckpoints(writes.max_steps)
     )
     for entry in writes.entries_of(run_id):
         await journal.record(entry)
@@ -694,18 +689,19 @@ async def arq_durable(backend: str, jobs: int, *, max_jobs: int, poll_delay: flo
                 try:
                     start = time.perf_counter()
                     for i in range(jobs):
-                        args = run_args(f"STEPS=1 run {i}: use the noop tool")
+                        run_id = new_run_id()
+                        args = RunArgs(prompt=f"STEPS=1 run {i}: use the noop tool")
                         await store.create(
-                            args.run_id,
+                            run_id,
                             origin=args.origin,
                             args=args.model_dump(mode="json"),
-                            session_id=args.session,
-                            memory_scope=args.memory_scope,
+                            session_id=args.overrides.session,
+                            memory_scope=args.overrides.memory_scope,
                         )
                         await pool.enqueue_job(
-                            DURABLE_JOB, args.run_id, _job_id=args.run_id, _queue_name=space.queue
+                            DURABLE_JOB, run_id, _job_id=run_id, _queue_name=space.queue
                         )
-                        space.job_ids.append(args.run_id)
+                        space.job_ids.append(run_id)
                     enqueue_rate = jobs / (time.perf_counter() - start)
                 finally:
                     await pool.aclose()
@@ -827,7 +823,7 @@ async def _one_run(
     record = await store.start(run_id)
     agent = Agent(model, tools=[NOOP_TOOL], max_steps=steps + 1)
     # what a worker's journal does: the progress rides on the checkpoint before a model call
-    progress = _ProgressAtCheckpoints(steps + 1) if variant == "journal+progress" else None
+    progress = ProgressAtCheckpoints(steps + 1) if variant == "journal+progress" else None
     journal = (
         None
         if variant == "none"
@@ -836,7 +832,7 @@ async def _one_run(
     sql.statements.clear()
     sql.active = True
     wall, cpu = time.perf_counter(), time.process_time()
-    turn = await agent.run_turn([], f"STEPS={steps} go", run_id=run_id, journal=journal)
+    turn = await agent.run(f"STEPS={steps} go", options=RunOptions(run_id=run_id, journal=journal))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     sql.active = False
     if not isinstance(turn.outcome, Completed) or turn.outcome.steps_used != steps:

@@ -103,7 +103,7 @@ def agent_for(steps: int) -> Agent:
 async def agent_run(agent: Agent) -> None:
     assert isinstance(agent.model, InstantModel)
     agent.model.reset()
-    outcome = await agent.run("look them up")
+    outcome = (await agent.run("look them up")).outcome
     assert outcome.status == "completed", outcome
 
 

@@ -28,9 +28,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
+from agent_plugin.compaction import CompactionReport
 from agent_plugin.errors import AgentError
 from agent_plugin.messages import ChatMessage, Role, TextPart, ToolCall, ToolCallPart, ToolResult
-from agent_plugin.sessions import CompactionReport
 from agent_plugin.storage import Database, SqlSessionStore
 
 LONG = 10_000

@@ -23,10 +23,10 @@ import httpx  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
 from agent_plugin.config import AgentSettings  # noqa: E402
-from agent_plugin.plugin import AgentHandle, AgentPlugin  # noqa: E402
 from agent_plugin.providers.openai import OpenAICompatibleClient  # noqa: E402
 from agent_plugin.sessions import InMemorySessionStore  # noqa: E402
 from agent_plugin.tools import FnTool  # noqa: E402
+from agent_plugin.web import AgentHandle, AgentPlugin  # noqa: E402
 
 IMPORTED = time.perf_counter()
 
@@ -49,7 +49,7 @@ def build_app(model_url: str) -> FastAPI:
 
     @app.post("/ask")
     async def ask(body: dict[str, str], agent: AgentHandle) -> dict[str, Any]:
-        outcome = await agent.run(body["prompt"])
+        outcome = (await agent.run(body["prompt"])).outcome
         return {"status": outcome.status, "steps": outcome.steps_used}
 
     return app

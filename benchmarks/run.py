@@ -51,6 +51,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import httpx
 
 from agent_plugin.agent import Agent
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import Completed
 from agent_plugin.providers.anthropic import AnthropicClient
 from agent_plugin.providers.lean import LeanTransport
@@ -142,7 +143,7 @@ def make_subject(
     )
 
     async def run_ours(prompt: str) -> int:
-        turn = await agent.run_turn([], prompt, stream=stream)
+        turn = await agent.run(prompt, options=RunOptions(stream=stream))
         if not isinstance(turn.outcome, Completed):
             raise RuntimeError(f"{label}: the run ended {turn.outcome!r}")
         return turn.outcome.steps_used
@@ -874,7 +875,7 @@ def render(report: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         + ", ".join(f"{name} {sec * 1000:.0f} ms" for name, sec in data["slowest_imports"])
         + ".",
         "",
-        f"Fresh app (agent_plugin.plugin exists: FastAPI + AgentPlugin, in-memory sessions, "
+        f"Fresh app (agent_plugin.web exists: FastAPI + AgentPlugin, in-memory sessions, "
         f"ASGI transport, bytecode cached, median of {data['fresh_app_runs']}): import FastAPI + "
         f"plugin {app['import_s'] * 1000:.0f} ms, build the app {app['build_s'] * 1000:.0f} ms, "
         f"startup {app['startup_s'] * 1000:.1f} ms, **first request "

@@ -33,15 +33,15 @@ from agent_plugin import (
     RunState,
     ScriptedModel,
     ToolEffect,
-    ToolPolicy,
     ToolRules,
+    sessions,
     tool,
 )
 from agent_plugin.config import AgentSettings
 from agent_plugin.memory import InMemoryMemoryStore
 from agent_plugin.messages import ToolResultPart
+from agent_plugin.options import AgentOverrides, RunOptions
 from agent_plugin.outcomes import AgentOutcome
-from agent_plugin.plugin import AgentPlugin, AgentRuntime, AgentRuntimeHandle
 from agent_plugin.proactive import (
     Heartbeat,
     Report,
@@ -50,7 +50,9 @@ from agent_plugin.proactive import (
     heartbeat_tick,
 )
 from agent_plugin.providers.scripted import tool_call
-from agent_plugin.sessions import InMemorySessionStore, run_in_session
+from agent_plugin.runtime import AgentRuntime
+from agent_plugin.sessions import InMemorySessionStore
+from agent_plugin.web import AgentPlugin
 
 __all__ = ["PrintDelivery", "main"]
 
@@ -114,11 +116,18 @@ async def tick(heartbeat: Heartbeat, runtime: AgentRuntime, number: int) -> None
     run_id = f"run_tick_{number}"
 
     async def start_run(
-        prompt: str, session: str | None, scope: str | None, policy: ToolPolicy
+        prompt: str, session: str | None, scope: str | None, read_only: bool
     ) -> AgentOutcome:
-        agent = runtime.agent_with(scope, policy=policy)
+        overrides = AgentOverrides(memory_scope=scope, session=session, read_only=read_only)
+        agent = runtime.agent_for(overrides)
         assert session is not None
-        turn = await run_in_session(agent, runtime.session_store, session, prompt, run_id=run_id)
+        turn = await sessions.run(
+            agent,
+            prompt,
+            session=session,
+            store=runtime.session_store,
+            options=RunOptions(run_id=run_id),
+        )
         names = {c.id: c.name for m in turn.new_messages for c in m.tool_calls}
         for message in turn.new_messages:
             for part in message.content:
@@ -134,7 +143,7 @@ async def tick(heartbeat: Heartbeat, runtime: AgentRuntime, number: int) -> None
         )
         return turn.outcome
 
-    result = await heartbeat_tick(heartbeat, runtime, start_run, app_policy=runtime.policy)
+    result = await heartbeat_tick(heartbeat, runtime, start_run)
     outcome = result.run
     assert outcome is not None
     answer = getattr(outcome, "text", outcome.status)
@@ -153,34 +162,28 @@ async def main() -> None:
         settings=AgentSettings(provider="scripted", max_steps=5),
     )
     heartbeat = Heartbeat.every(timedelta(minutes=30), session=SESSION)
-    runtime = await plugin.start()
-    try:
-        agent = AgentRuntimeHandle(runtime)
-
+    async with plugin.open() as agent:
+        runtime = agent.runtime
         print("1. Memory: the agent remembers who it works for")
-        outcome = await agent.chat(
-            SESSION, "I'm Mark. Tell me at once if the nightly backup fails."
-        )
-        print(f"   agent: {getattr(outcome, 'text', outcome.status)}")
+        turn = await agent.chat(SESSION, "I'm Mark. Tell me at once if the nightly backup fails.")
+        print(f"   agent: {getattr(turn.outcome, 'text', turn.outcome.status)}")
         assert runtime.memory_store is not None
         [user] = [b for b in await runtime.memory_store.load("agent") if b.label == "user"]
         print(f"   user memory: {user.entries}")
 
         print("\n2. An approval: the restart waits for a person")
-        outcome = await agent.run("Restart the web server, please.")
+        outcome = (await agent.run("Restart the web server, please.")).outcome
         assert isinstance(outcome, AwaitingApproval)
         [waiting] = outcome.state.awaiting()
         print(f"   paused: {waiting.call.name} {waiting.call.arguments} needs approval")
         state = RunState.model_validate_json(outcome.state.model_dump_json())  # via storage
-        outcome = await agent.resume(state, [ApprovalDecision.approve(waiting.call.id)])
-        print(f"   approved; agent: {getattr(outcome, 'text', outcome.status)}")
+        turn = await agent.resume(state, [ApprovalDecision.approve(waiting.call.id)])
+        print(f"   approved; agent: {getattr(turn.outcome, 'text', turn.outcome.status)}")
 
         print(f"\n3. Heartbeat ({heartbeat.description()}), read-only ticks in {SESSION!r}")
         await tick(heartbeat, runtime, 1)
         await tick(heartbeat, runtime, 2)
         print(f"   reports delivered: {len(delivery.reports)} (the silent tick sent none)")
-    finally:
-        await runtime.aclose()
 
 
 if __name__ == "__main__":

@@ -74,9 +74,9 @@ from agent_plugin import (
 from agent_plugin.config import AgentSettings
 from agent_plugin.messages import ToolResultPart
 from agent_plugin.outcomes import NeedsApproval
-from agent_plugin.plugin import AgentHandle, AgentPlugin
 from agent_plugin.providers.base import ChatResponse
 from agent_plugin.providers.scripted import Reply, tool_call
+from agent_plugin.web import AgentHandle, AgentPlugin
 
 __all__ = ["app", "demo_model", "demo_reply", "get_time", "get_weather", "plugin", "send_message"]
 
@@ -377,7 +377,7 @@ plugin.install(app, runs_route=True)
 @app.post("/ask", response_model=Answer, tags=["demo"])
 async def ask(body: AskBody, agent: AgentHandle, desk: Desk) -> Answer:
     """Run one task; the answer is built from the tools the agent called."""
-    return _answer_of(await agent.run(body.prompt), desk)
+    return _answer_of((await agent.run(body.prompt)).outcome, desk)
 
 
 @app.post(
@@ -394,7 +394,7 @@ async def ask_stream(body: AskBody, agent: AgentHandle) -> StreamingResponse:
 @app.post("/chat/{session_id}", response_model=Answer, tags=["demo"])
 async def chat(session_id: str, body: ChatBody, agent: AgentHandle, desk: Desk) -> Answer:
     """Continue the conversation ``session_id`` (kept in the session store)."""
-    return _answer_of(await agent.chat(session_id, body.message), desk)
+    return _answer_of((await agent.chat(session_id, body.message)).outcome, desk)
 
 
 @app.post("/approvals/{run_id}", response_model=Answer, tags=["demo"])
@@ -408,12 +408,12 @@ async def decide(run_id: str, body: DecisionBody, agent: AgentHandle, desk: Desk
         for p in state.awaiting()
     ]
     try:
-        outcome = await agent.resume(state, decisions)
+        turn = await agent.resume(state, decisions)
     except AgentError as error:
         if error.retryable:  # the provider had a bad moment: the reviewer may try again
             desk.park(state)
         raise
-    return _answer_of(outcome, desk)
+    return _answer_of(turn.outcome, desk)
 
 
 @app.get("/outbox", response_model=list[SentMessage], tags=["demo"])

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,16 +51,25 @@ from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.jobs import AGENT_HEARTBEAT, JobOptions, RunQueue
+from agent_plugin.jobs import (
+    AGENT_HEARTBEAT,
+    JobOptions,
+    RunQueue,
+    runtime_of,
+    start_worker,
+    stop_worker,
+)
+from agent_plugin.jobs.upkeep import Upkeep
 from agent_plugin.messages import Role, ToolResultPart
-from agent_plugin.plugin import AgentPlugin
 from agent_plugin.policy import ASK, ToolPolicy, ToolRules
 from agent_plugin.proactive import Delivery, Heartbeat, Report, WebhookDelivery
 from agent_plugin.providers.base import ChatRequest
 from agent_plugin.providers.scripted import Reply, ScriptedModel, tool_call
+from agent_plugin.runtime import AgentRuntime
 from agent_plugin.storage import Database
 from agent_plugin.storage.models import RunRow
 from agent_plugin.tools import ToolContext, ToolEffect, tool
+from agent_plugin.web import AgentPlugin, AppAgent
 
 LOG_ENV: Final = "JOBS_TEST_LOG"
 
@@ -335,6 +344,50 @@ def make_app(plugin: AgentPlugin, **install: Any) -> FastAPI:
     app = FastAPI()
     plugin.install(app, **install)
     return app
+
+
+@dataclass
+class InProcess:
+    """An app's agent (enqueues runs, reads records) beside a worker started in this process:
+    a test delivers jobs here by calling arq's job functions with :meth:`job_ctx`, and runs
+    the fleet's upkeep itself (the worker here does none)."""
+
+    plugin: AgentPlugin
+    agent: AppAgent
+    ctx: dict[str, Any]
+
+    @property
+    def runtime(self) -> AgentRuntime:
+        """The worker's runtime (the one the jobs run with)."""
+        return runtime_of(self.ctx)
+
+    @property
+    def jobs(self) -> RunQueue:
+        return self.agent.jobs
+
+    @property
+    def redis(self) -> Any:
+        return self.ctx["redis"]
+
+    @property
+    def upkeep(self) -> Upkeep:
+        return Upkeep(self.redis, self.jobs.store, self.jobs.options)
+
+    def job_ctx(self, job_id: str) -> dict[str, Any]:
+        """What arq gives a job function: the worker's context, the job id and try."""
+        return {**self.ctx, "job_id": job_id, "job_try": 1}
+
+
+@contextlib.asynccontextmanager
+async def in_process(plugin: AgentPlugin) -> AsyncIterator[InProcess]:
+    """``plugin`` opened as an app, and as a worker in this process (without upkeep)."""
+    async with plugin.open() as agent:
+        ctx: dict[str, Any] = {"redis": await agent.jobs.redis()}
+        await start_worker(ctx, await plugin.start(), agent.jobs.options, upkeep=False)
+        try:
+            yield InProcess(plugin, agent, ctx)
+        finally:
+            await stop_worker(ctx)
 
 
 def worker_settings() -> type[Any]:

@@ -19,6 +19,7 @@ import uuid
 
 import pytest
 
+from agent_plugin.compaction import SUMMARY_PREFIX, CompactionReport
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.messages import (
     ChatMessage,
@@ -37,9 +38,7 @@ from agent_plugin.messages import (
     ToolResultPart,
 )
 from agent_plugin.sessions import (
-    SUMMARY_PREFIX,
     CompactionEntry,
-    CompactionReport,
     MessageEntry,
     SessionStore,
     SessionView,

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent_plugin import sessions
 from agent_plugin.agent import Agent
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.hooks import AgentHooks, Block, Modify, ToolHookResult, ToolOutput
@@ -26,6 +27,7 @@ from agent_plugin.messages import (
     ToolResultPart,
     repair_transcript,
 )
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
     ApprovalDecision,
@@ -70,7 +72,7 @@ def completed(outcome: AgentOutcome) -> Completed:
 async def test_tool_call_round_trip_completes() -> None:
     model = ScriptedModel([tool_call("get_weather", {"city": "Oslo"}), "It is sunny."])
     agent = Agent(model, tools=[weather_tool()])
-    outcome = completed(await agent.run("Weather in Oslo?"))
+    outcome = completed((await agent.run("Weather in Oslo?")).outcome)
     assert outcome.text == "It is sunny."
     assert outcome.steps_used == 1
     assert outcome.usage.input_tokens == 20
@@ -81,14 +83,14 @@ async def test_tool_call_round_trip_completes() -> None:
 
 
 async def test_a_direct_answer_uses_no_step() -> None:
-    outcome = completed(await Agent(ScriptedModel(["hi"])).run("hello"))
+    outcome = completed((await Agent(ScriptedModel(["hi"])).run("hello")).outcome)
     assert outcome.steps_used == 0
 
 
 async def test_step_budget_exhausts() -> None:
     model = ScriptedModel([tool_call("get_weather"), tool_call("get_weather")])
     agent = Agent(model, tools=[weather_tool()], max_steps=1)
-    outcome = await agent.run("go")
+    outcome = (await agent.run("go")).outcome
     assert isinstance(outcome, BudgetExhausted)
     assert (outcome.reason, outcome.steps_used) == ("steps", 1)
     assert len(model.requests) == 1
@@ -103,7 +105,7 @@ async def test_token_budget_exhausts() -> None:
         max_steps=1000,
         loop_guard=LoopGuard.disabled(),
     )
-    outcome = await agent.run("go")
+    outcome = (await agent.run("go")).outcome
     assert isinstance(outcome, BudgetExhausted)
     assert outcome.reason == "tokens"
     assert outcome.usage.total() <= 600
@@ -114,7 +116,7 @@ async def test_token_overshoot_on_final_answer_exhausts() -> None:
     model = ScriptedModel(
         [ChatResponse.model_validate({"content": [{"text": "long"}], "usage": usage})]
     )
-    turn = await Agent(model, max_tokens=1000).run_turn([], "go")
+    turn = await Agent(model, max_tokens=1000).run("go")
     assert isinstance(turn.outcome, BudgetExhausted)
     assert turn.outcome.reason == "tokens"
     assert turn.outcome.usage.total() == 1100
@@ -130,9 +132,7 @@ async def test_overshooting_tool_calls_are_not_recorded() -> None:
             "usage": usage,
         }
     )
-    turn = await Agent(ScriptedModel([reply]), tools=[weather_tool()], max_tokens=1000).run_turn(
-        [], "go"
-    )
+    turn = await Agent(ScriptedModel([reply]), tools=[weather_tool()], max_tokens=1000).run("go")
     assert isinstance(turn.outcome, BudgetExhausted)
     assert [m.role for m in turn.messages] == [Role.USER]
 
@@ -148,7 +148,7 @@ async def test_every_request_reserves_the_history_and_caps_the_output() -> None:
 
 async def test_unknown_tool_reaches_the_model() -> None:
     model = ScriptedModel([tool_call("teleport"), "sorry"])
-    turn = await Agent(model).run_turn([], "go")
+    turn = await Agent(model).run("go")
     assert completed(turn.outcome).text == "sorry"
     assert tool_results(turn.messages[2]) == ['{"error":"unknown tool \\"teleport\\""}']
 
@@ -158,9 +158,7 @@ async def test_tool_failure_reaches_the_model() -> None:
         raise AgentError(ErrorKind.TOOL, "kaput")
 
     broken = FnTool("broken", "fails", {"type": "object"}, explode)
-    turn = await Agent(ScriptedModel([tool_call("broken"), "ok"]), tools=[broken]).run_turn(
-        [], "go"
-    )
+    turn = await Agent(ScriptedModel([tool_call("broken"), "ok"]), tools=[broken]).run("go")
     content = tool_results(turn.messages[2])[0]
     assert json.loads(content) == {"error": "kaput"}
     assert turn.messages[2].content[0].tool_result.is_error  # type: ignore[union-attr]
@@ -169,7 +167,7 @@ async def test_tool_failure_reaches_the_model() -> None:
 async def test_tool_output_truncation_applies() -> None:
     long = FnTool("long", "long output", {"type": "object"}, lambda args: "x" * 100)
     agent = Agent(ScriptedModel([tool_call("long"), "ok"]), tools=[long], per_tool_output_limit=10)
-    turn = await agent.run_turn([], "go")
+    turn = await agent.run("go")
     content = tool_results(turn.messages[2])[0]
     assert "[truncated]" in content
     assert len(content) <= 40
@@ -179,7 +177,7 @@ async def test_invalid_argument_json_never_reaches_the_tool() -> None:
     seen: list[Any] = []
     permissive = FnTool("any", "accepts anything", {}, lambda args: seen.append(args) or "ran")
     bad = ToolCall(id="c1", name="any", raw_arguments='{"city": ')
-    turn = await Agent(ScriptedModel([[bad], "ok"]), tools=[permissive]).run_turn([], "go")
+    turn = await Agent(ScriptedModel([[bad], "ok"]), tools=[permissive]).run("go")
     content = json.loads(tool_results(turn.messages[2])[0])
     assert content["error"].startswith("tool arguments were not valid JSON: ")
     assert seen == []
@@ -196,18 +194,18 @@ async def test_schema_violations_never_reach_the_tool() -> None:
         return a + b
 
     model = ScriptedModel([tool_call("add", {"a": 1}), tool_call("add", {"a": 1, "b": 2}), "3"])
-    turn = await Agent(model, tools=[add]).run_turn([], "go")
+    turn = await Agent(model, tools=[add]).run("go")
     first = json.loads(tool_results(turn.messages[2])[0])
     assert first["error"].startswith("schema validation failed: ")
     assert tool_results(turn.messages[4]) == ["3"]
     assert calls == [(1, 2)]
 
 
-async def test_run_turn_continues_a_transcript() -> None:
+async def test_a_run_continues_a_transcript() -> None:
     model = ScriptedModel(["first answer", "second answer"])
     agent = Agent(model, system_prompt="be brief")
-    first = await agent.run_turn([], "one")
-    second = await agent.run_turn(first.messages, "two")
+    first = await agent.run("one")
+    second = await agent.run("two", history=first.messages)
     assert [m.role for m in model.requests[1].messages] == [
         Role.SYSTEM,
         Role.USER,
@@ -229,7 +227,7 @@ async def test_a_broken_history_is_repaired_before_the_request() -> None:
         content=[{"tool_call": {"id": "x", "name": "get_weather"}}],  # type: ignore[list-item]
     )
     model = ScriptedModel(["fine"])
-    await Agent(model).run_turn([ChatMessage.user("hi"), dangling], "again")
+    await Agent(model).run("again", history=[ChatMessage.user("hi"), dangling])
     sent = model.requests[0].messages
     assert [m.role for m in sent] == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.USER]
 
@@ -246,13 +244,13 @@ async def test_run_id_reaches_tools_and_hooks() -> None:
 
     model = ScriptedModel([tool_call("whoami", id="c1"), "done"])
     agent = Agent(model, tools=[FnTool("whoami", "ids", {"type": "object"}, whoami)], hooks=[Spy()])
-    turn = await agent.run_turn([], "go", run_id="job-42")
+    turn = await agent.run("go", options=RunOptions(run_id="job-42"))
     assert tool_results(turn.messages[2]) == ['{"call":"c1","run":"job-42","step":0}']
     assert seen == ["job-42", "job-42"]
 
 
 async def test_outcomes_round_trip_through_json() -> None:
-    outcome = await Agent(ScriptedModel(["hi"])).run("hello")
+    outcome = (await Agent(ScriptedModel(["hi"])).run("hello")).outcome
     data = outcome_adapter.dump_json(outcome)
     assert json.loads(data)["status"] == "completed"
     assert outcome_adapter.validate_json(data) == outcome
@@ -276,7 +274,7 @@ async def test_approval_pauses_then_resumes_on_approve() -> None:
     ran: list[Any] = []
     model = ScriptedModel([tool_call("act", {"city": "Oslo"}, id="a"), "Done"])
     agent = Agent(model, tools=acting_tools(ran), policy=ToolRules.ask_before_acting())
-    outcome = await agent.run("act now")
+    outcome = (await agent.run("act now")).outcome
     assert isinstance(outcome, AwaitingApproval)
     assert ran == []
     assert outcome.state.steps_used == 1
@@ -306,7 +304,7 @@ async def test_rejected_edited_and_undecided_calls() -> None:
         ]
     )
     agent = Agent(model, tools=acting_tools(ran), policy=ToolRules.ask_before_acting())
-    outcome = await agent.run("go")
+    outcome = (await agent.run("go")).outcome
     assert isinstance(outcome, AwaitingApproval)
     assert len(outcome.state.awaiting()) == 3
     turn = await agent.resume(
@@ -324,7 +322,7 @@ async def test_rejected_edited_and_undecided_calls() -> None:
 async def test_resume_rejects_unknown_call_ids() -> None:
     model = ScriptedModel([tool_call("act", {"city": "x"}, id="a")])
     agent = Agent(model, tools=acting_tools([]), policy=ToolRules.ask_before_acting())
-    outcome = await agent.run("go")
+    outcome = (await agent.run("go")).outcome
     assert isinstance(outcome, AwaitingApproval)
     with pytest.raises(AgentError) as caught:
         await agent.resume(outcome.state, [ApprovalDecision.approve("nope")])
@@ -334,7 +332,7 @@ async def test_resume_rejects_unknown_call_ids() -> None:
 async def test_denied_calls_report_the_reason_and_the_run_continues() -> None:
     model = ScriptedModel([tool_call("act", {"city": "x"}), "gave up"])
     agent = Agent(model, tools=acting_tools([]), policy=ToolRules.read_only())
-    turn = await agent.run_turn([], "go")
+    turn = await agent.run("go")
     assert completed(turn.outcome).text == "gave up"
     assert "denied by policy" in tool_results(turn.messages[2])[0]
 
@@ -356,7 +354,7 @@ def test_a_paused_run_resumes_in_another_process() -> None:
             if sys.argv[1] == "pause":
                 model = ScriptedModel([tool_call("act", {"n": 1}, id="a")])
                 agent = Agent(model, tools=[act], policy=ToolRules.ask_before_acting())
-                outcome = await agent.run("go")
+                outcome = (await agent.run("go")).outcome
                 print(json.dumps(outcome.state.model_dump(mode="json")))
             else:
                 state = RunState.model_validate(json.loads(sys.stdin.read()))
@@ -427,7 +425,7 @@ async def test_hooks_observe_block_and_rewrite() -> None:
         hooks=[Recorder()],
         parallel_tool_calls=False,
     )
-    turn = await agent.run_turn([], "go")
+    turn = await agent.run("go")
     assert events == [
         "model:0",
         "before:blocked",
@@ -444,7 +442,7 @@ async def test_hooks_observe_block_and_rewrite() -> None:
 
 async def test_repeated_identical_calls_warn_then_stop() -> None:
     model = ScriptedModel([tool_call("get_weather", {"city": "Oslo"}) for _ in range(10)])
-    turn = await Agent(model, tools=[weather_tool()], max_steps=50).run_turn([], "go")
+    turn = await Agent(model, tools=[weather_tool()], max_steps=50).run("go")
     outcome = turn.outcome
     assert isinstance(outcome, LoopDetected)
     assert (outcome.tool, outcome.repeats, outcome.steps_used) == ("get_weather", 5, 5)
@@ -456,7 +454,7 @@ async def test_repeated_identical_calls_warn_then_stop() -> None:
 async def test_loop_guard_memory_survives_a_pause() -> None:
     model = ScriptedModel([tool_call("act", {"city": "x"}) for _ in range(3)])
     agent = Agent(model, tools=acting_tools([]), policy=ToolRules.ask_before_acting())
-    outcome = await agent.run("go")
+    outcome = (await agent.run("go")).outcome
     for _ in range(2):
         assert isinstance(outcome, AwaitingApproval)
         call_id = outcome.state.awaiting()[0].call.id
@@ -476,7 +474,7 @@ async def test_deadline_stops_a_slow_model() -> None:
 
     loop = asyncio.get_running_loop()
     start = loop.time()
-    outcome = await Agent(ScriptedModel([never]), max_duration=5).run("go")
+    outcome = (await Agent(ScriptedModel([never]), max_duration=5).run("go")).outcome
     assert isinstance(outcome, BudgetExhausted)
     assert outcome.reason == "deadline"
     assert 5 <= loop.time() - start < 6
@@ -490,7 +488,7 @@ async def test_deadline_cuts_off_a_slow_tool() -> None:
 
     model = ScriptedModel([tool_call("slow")])
     agent = Agent(model, tools=[FnTool("slow", "slow", {"type": "object"}, slow)], max_duration=5)
-    turn = await agent.run_turn([], "go")
+    turn = await agent.run("go")
     assert isinstance(turn.outcome, BudgetExhausted)
     assert turn.outcome.reason == "deadline"
     assert turn.messages[-1].role is Role.TOOL
@@ -507,7 +505,7 @@ async def test_resume_restarts_the_deadline() -> None:
     agent = Agent(
         model, tools=acting_tools([]), policy=ToolRules.ask_before_acting(), max_duration=5
     )
-    outcome = await agent.run("go")
+    outcome = (await agent.run("go")).outcome
     assert isinstance(outcome, AwaitingApproval)
     await asyncio.sleep(60)  # the reviewer takes a minute
     turn = await agent.resume(outcome.state, [ApprovalDecision.approve("a")])
@@ -533,7 +531,7 @@ async def test_parallel_calls_overlap_and_keep_order() -> None:
             ]
         )
         start = loop.time()
-        turn = await Agent(model, tools=[napper], parallel_tool_calls=parallel).run_turn([], "go")
+        turn = await Agent(model, tools=[napper], parallel_tool_calls=parallel).run("go")
         assert round(loop.time() - start) == expected
         assert tool_results(turn.messages[2]) == ['"ten"', '"five"']
 
@@ -550,7 +548,7 @@ async def test_calls_without_distinct_ids_get_their_own() -> None:
         }
     )
     model = ScriptedModel([reply, "ok"])
-    turn = await Agent(model, tools=[weather_tool()]).run_turn([], "go")
+    turn = await Agent(model, tools=[weather_tool()]).run("go")
     ids = [c.id for c in turn.messages[1].tool_calls]
     assert all(ids)
     assert len(set(ids)) == 2
@@ -580,7 +578,7 @@ async def test_loop_never_exceeds_step_budget(
     ]
     model = ScriptedModel(replies)
     agent = Agent(model, tools=[weather_tool()], max_steps=max_steps, parallel_tool_calls=parallel)
-    turn = await agent.run_turn([], "go")
+    turn = await agent.run("go")
     steps = getattr(turn.outcome, "steps_used", 0)
     assert steps <= max_steps
     assert len(model.requests) <= max_steps + 1
@@ -604,7 +602,7 @@ async def test_memory_is_a_frozen_snapshot_plus_a_tool() -> None:
     model = ScriptedModel([remember, "noted", "Hi Mark"])
     agent = Agent(model, system_prompt="Be kind.", memory=store, memory_scope="u1")
 
-    first = await agent.run_turn([], "I am Mark")
+    first = await agent.run("I am Mark")
     assert json.loads(tool_results(first.messages[2])[0]) == {
         "ok": True,
         "block": "user",
@@ -623,7 +621,7 @@ async def test_memory_is_a_frozen_snapshot_plus_a_tool() -> None:
 async def test_skills_are_listed_and_loadable() -> None:
     deploy = Skill(name="deploy", description="How to ship a release", body="1. tag\n2. push")
     model = ScriptedModel([tool_call("load_skill", {"name": "deploy"}), "shipped"])
-    turn = await Agent(model, skills=[deploy]).run_turn([], "ship it")
+    turn = await Agent(model, skills=[deploy]).run("ship it")
     prompt = system_text(model.requests[0])
     assert "## Skills" in prompt
     assert "- deploy: How to ship a release" in prompt
@@ -638,12 +636,12 @@ async def test_the_agent_runs_and_resumes_in_a_session() -> None:
     store = InMemorySessionStore()
     model = ScriptedModel(["Hi!", tool_call("act", {"city": "x"}, id="a"), "Done."])
     agent = Agent(model, tools=acting_tools([]), policy=ToolRules.ask_before_acting())
-    await agent.run_in_session(store, "s1", "hello")
-    paused = await agent.run_in_session(store, "s1", "act now")
+    await sessions.run(agent, "hello", session="s1", store=store)
+    paused = await sessions.run(agent, "act now", session="s1", store=store)
     assert isinstance(paused.outcome, AwaitingApproval)
     assert len((await store.load("s1")).messages) == 2  # a pause saves nothing
-    done = await agent.resume_in_session(
-        store, paused.outcome.state, [ApprovalDecision.approve("a")]
+    done = await sessions.resume(
+        agent, paused.outcome.state, [ApprovalDecision.approve("a")], store=store
     )
     assert completed(done.outcome).text == "Done."
     saved = (await store.load("s1")).messages

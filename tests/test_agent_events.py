@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
+from agent_plugin import sessions
 from agent_plugin.agent import Agent
 from agent_plugin.cancellation import CancelToken
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, RunEnded, event_adapter
 from agent_plugin.hooks import AgentHooks, CancelRun, PauseRun, RunControl, ToolHookResult
 from agent_plugin.messages import ChatMessage, Role, ToolCall, ToolResultPart
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import (
     AwaitingApproval,
     Cancelled,
@@ -38,7 +40,7 @@ def types(events: list[AgentEvent]) -> list[str]:
 
 async def collect(agent: Agent, prompt: str, **kwargs: Any) -> tuple[list[AgentEvent], Any]:
     events: list[AgentEvent] = []
-    turn = await agent.run_turn([], prompt, on_event=events.append, **kwargs)
+    turn = await agent.run(prompt, options=RunOptions(on_event=events.append, **kwargs))
     return events, turn
 
 
@@ -92,7 +94,7 @@ async def test_exactly_one_run_end_when_the_provider_fails() -> None:
     model = ScriptedModel([AgentError(ErrorKind.AUTHENTICATION, "bad key")])
     events: list[AgentEvent] = []
     with pytest.raises(AgentError):
-        await Agent(model).run("go", on_event=events.append)
+        await Agent(model).run("go", options=RunOptions(on_event=events.append))
     ends = [e for e in events if isinstance(e, RunEnded)]
     assert len(ends) == 1
     assert ends[0].error is not None
@@ -110,7 +112,11 @@ async def test_exactly_one_run_end_on_a_pause_and_on_its_resume() -> None:
     resumed: list[AgentEvent] = []
     from agent_plugin.outcomes import ApprovalDecision
 
-    await agent.resume(turn.outcome.state, [ApprovalDecision.approve("a")], on_event=resumed.append)
+    await agent.resume(
+        turn.outcome.state,
+        [ApprovalDecision.approve("a")],
+        options=RunOptions(on_event=resumed.append),
+    )
     assert types(resumed)[0] == "run_start"
     assert resumed[0].resumed  # type: ignore[union-attr]
     assert types(resumed).count("run_end") == 1
@@ -208,7 +214,7 @@ async def test_retries_are_events() -> None:
             request.on_retry(RetryNotice(1, 4, 0.0, error))
             return await super().chat(request)
 
-    await Agent(RetryingModel(["ok"])).run("go", on_event=events.append)
+    await Agent(RetryingModel(["ok"])).run("go", options=RunOptions(on_event=events.append))
     retry = next(e for e in events if e.type == "retry")
     assert retry.attempt == 1  # type: ignore[union-attr]
     assert retry.error.kind is ErrorKind.RATE_LIMITED  # type: ignore[union-attr]
@@ -238,7 +244,7 @@ async def test_cancel_while_the_model_streams_records_no_partial_message() -> No
         return "never"
 
     agent = Agent(ScriptedModel([tool_call("echo", {"x": 1}), hang]), tools=[ECHO])
-    turn = await agent.run_turn([], "go", cancel=token, stream=True)
+    turn = await agent.run("go", options=RunOptions(cancel=token, stream=True))
     assert isinstance(turn.outcome, Cancelled)
     assert [m.role for m in turn.messages] == [Role.USER, Role.ASSISTANT, Role.TOOL]
 
@@ -253,7 +259,7 @@ async def test_cancel_during_a_round_gives_unfinished_calls_an_unknown_outcome()
 
     model = ScriptedModel([[tool_call("echo", {"x": 1}, id="fast"), tool_call("slow", id="slow")]])
     agent = Agent(model, tools=[ECHO, FnTool("slow", "s", {"type": "object"}, slow)])
-    turn = await agent.run_turn([], "go", cancel=token)
+    turn = await agent.run("go", options=RunOptions(cancel=token))
     assert isinstance(turn.outcome, Cancelled)
     results = results_of(turn.messages[-1])
     assert results[0] == '{"x":1}'
@@ -274,7 +280,7 @@ async def test_cancel_during_a_sequential_round_answers_the_rest() -> None:
         tools=[ECHO, FnTool("slow", "s", {"type": "object"}, slow)],
         parallel_tool_calls=False,
     )
-    turn = await agent.run_turn([], "go", cancel=token)
+    turn = await agent.run("go", options=RunOptions(cancel=token))
     assert isinstance(turn.outcome, Cancelled)
     results = [json.loads(r)["error"] for r in results_of(turn.messages[-1])]
     assert "unknown" in results[0]
@@ -289,7 +295,7 @@ async def test_a_round_whose_every_result_terminates_ends_the_run() -> None:
         "final", "answers", {"type": "object"}, lambda a: ToolReturn(a["answer"], terminate=True)
     )
     model = ScriptedModel([tool_call("final", {"answer": "42"}), "never asked"])
-    turn = await Agent(model, tools=[final]).run_turn([], "go")
+    turn = await Agent(model, tools=[final]).run("go")
     assert isinstance(turn.outcome, Completed)
     assert turn.outcome.text == "42"
     assert len(model.requests) == 1
@@ -300,7 +306,7 @@ async def test_one_non_terminating_result_continues() -> None:
         "final", "answers", {"type": "object"}, lambda a: ToolReturn("x", terminate=True)
     )
     model = ScriptedModel([[tool_call("final"), tool_call("echo", {})], "went on"])
-    turn = await Agent(model, tools=[final, ECHO]).run_turn([], "go")
+    turn = await Agent(model, tools=[final, ECHO]).run("go")
     assert isinstance(turn.outcome, Completed)
     assert turn.outcome.text == "went on"
 
@@ -342,7 +348,7 @@ async def test_a_hook_pause_resumes_without_a_new_user_message(where: str, paral
         hooks=[StopOnce(where, PauseRun("wait for the operator"))],
         parallel_tool_calls=parallel,
     )
-    outcome = await agent.run("go")
+    outcome = (await agent.run("go")).outcome
     assert isinstance(outcome, Paused)
     assert outcome.reason == "wait for the operator"
     state = RunState.model_validate_json(outcome.state.model_dump_json())
@@ -372,7 +378,7 @@ async def test_a_sequential_pause_mid_round_keeps_finished_results() -> None:
         [[tool_call("count", {"n": 1}, id="a"), tool_call("count", {"n": 2}, id="b")], "done"]
     )
     agent = Agent(model, tools=[counter], hooks=[PauseSecond()], parallel_tool_calls=False)
-    outcome = await agent.run("go")
+    outcome = (await agent.run("go")).outcome
     assert isinstance(outcome, Paused)
     assert ran == [{"n": 1}]
     turn = await agent.resume(outcome.state)
@@ -384,7 +390,7 @@ async def test_a_sequential_pause_mid_round_keeps_finished_results() -> None:
 async def test_a_hook_can_cancel_at_each_boundary(where: str) -> None:
     model = ScriptedModel([tool_call("echo", {"x": 1}), "done"])
     agent = Agent(model, tools=[ECHO], hooks=[StopOnce(where, CancelRun("stop now"))])
-    turn = await agent.run_turn([], "go")
+    turn = await agent.run("go")
     assert isinstance(turn.outcome, Cancelled)
     assert turn.outcome.reason == "stop now"
     # the transcript stays valid: every recorded call has a result
@@ -425,7 +431,7 @@ async def test_steering_that_arrives_during_the_answer_wins() -> None:
         return "It is 70 °F."
 
     model = ScriptedModel([answer_while_steered, "It is 21 °C."])
-    turn = await Agent(model).run_turn([], "Weather?", steering=steering)
+    turn = await Agent(model).run("Weather?", options=RunOptions(steering=steering))
     assert isinstance(turn.outcome, Completed)
     assert turn.outcome.text == "It is 21 °C."
     assert [m.text for m in turn.messages] == [
@@ -442,7 +448,9 @@ async def test_steered_messages_are_journaled() -> None:
     steering = Steering()
     steering.send("be brief")
     journal = InMemoryJournal()
-    turn = await Agent(ScriptedModel(["ok"])).run_turn([], "hi", steering=steering, journal=journal)
+    turn = await Agent(ScriptedModel(["ok"])).run(
+        "hi", options=RunOptions(steering=steering, journal=journal)
+    )
     state = recover(journal.entries)
     assert state is not None
     assert state.messages == turn.messages
@@ -460,6 +468,8 @@ async def test_a_session_run_takes_steering_and_saves_it() -> None:
 
     model = ScriptedModel([tool_call("look", {}), "Sunny today and tomorrow."])
     agent = Agent(model, tools=[FnTool("look", "looks", {"type": "object"}, lookup)])
-    await agent.run_in_session(store, "s1", "Weather?", steering=steering)
+    await sessions.run(
+        agent, "Weather?", session="s1", store=store, options=RunOptions(steering=steering)
+    )
     saved = [m.text for m in (await store.load("s1")).messages if m.role is Role.USER]
     assert saved == ["Weather?", "and tomorrow?"]

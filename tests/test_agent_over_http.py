@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from agent_plugin.agent import Agent
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import AgentTurn, Completed
 from agent_plugin.providers.anthropic import AnthropicClient
 from agent_plugin.providers.base import LlmClient
@@ -198,7 +199,7 @@ def comparable(turn: AgentTurn) -> tuple[Any, list[dict[str, Any]]]:
 
 
 async def test_every_path_gives_the_same_run() -> None:
-    reference = await agent_for(scripted_turns()).run_turn([], "Weather in Oslo and Bergen?")
+    reference = await agent_for(scripted_turns()).run("Weather in Oslo and Bergen?")
     assert isinstance(reference.outcome, Completed)
     assert reference.outcome.steps_used == 2
     assert reference.outcome.usage.input_tokens == 30
@@ -216,8 +217,9 @@ async def test_every_path_gives_the_same_run() -> None:
                     model="m", base_url=server.url, retry=RetryPolicy.never(), transport=transport
                 )
             try:
-                turn = await agent_for(model).run_turn(
-                    [], "Weather in Oslo and Bergen?", stream=name.endswith("stream")
+                turn = await agent_for(model).run(
+                    "Weather in Oslo and Bergen?",
+                    options=RunOptions(stream=name.endswith("stream")),
                 )
             finally:
                 await model.aclose()

@@ -33,20 +33,23 @@ from arq.worker import create_worker
 from agent_plugin.agent import Agent
 from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.ids import new_run_id
 from agent_plugin.jobs import (
     AGENT_HEARTBEAT,
     AGENT_RESUME,
     AGENT_RUN,
-    AgentRunArgs,
     HeartbeatStats,
+    RunArgs,
+    RunOrigin,
     agent_heartbeat,
     agent_resume,
     agent_run,
     tick_run_id,
 )
+from agent_plugin.jobs.ticks import tick
 from agent_plugin.messages import Role
+from agent_plugin.options import AgentOverrides
 from agent_plugin.outcomes import ApprovalDecision
-from agent_plugin.plugin import AgentPlugin, AgentRuntime, AgentRuntimeHandle
 from agent_plugin.policy import READ_ONLY_REASON, AllowAll, Strictest
 from agent_plugin.proactive import (
     APPROVAL_HEADER,
@@ -61,14 +64,18 @@ from agent_plugin.proactive import (
     verify_webhook,
 )
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
+from agent_plugin.runtime import AgentRuntime
 from agent_plugin.sessions import InMemorySessionStore, MessageEntry
+from agent_plugin.web import AgentPlugin, AppAgent
 from tests.httpserver import Hang, HttpServer, Reply
 from tests.jobs_app import (
     LOG_ENV,
+    InProcess,
     JobsEnv,
     WorkerProcess,
     bring_forward,
     clean_redis,
+    in_process,
     jobs_env,
     make_app,
     make_plugin,
@@ -158,63 +165,68 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobsEnv]:
         clean_redis(environment)
 
 
+Running = InProcess
+
+
 @asynccontextmanager
 async def started(
     env: JobsEnv, settings: dict[str, str] | None = None, **plugin: Any
-) -> AsyncIterator[AgentRuntime]:
-    """A runtime started from the tests' plugin (``plugin`` as :func:`make_plugin` takes;
-    ``settings``: more ``AGENT_*`` variables)."""
+) -> AsyncIterator[InProcess]:
+    """The tests' plugin (``plugin`` as :func:`make_plugin` takes; ``settings``: more
+    ``AGENT_*`` variables) opened as an app would, beside a worker started in this process."""
     plugin.setdefault("delivery", Inbox())
     plugin.setdefault("heartbeat", None)
     plugin.setdefault("followups", None)
-    runtime = await make_plugin({**env.environ, **(settings or {})}, **plugin).start()
-    try:
-        yield runtime
-    finally:
-        await runtime.aclose()
+    async with in_process(make_plugin({**env.environ, **(settings or {})}, **plugin)) as on:
+        yield on
 
 
-async def job_ctx(runtime: AgentRuntime, job_id: str) -> dict[str, Any]:
-    """What arq gives a job function: the connection, the job id and try, the runtime."""
-    assert runtime.jobs is not None
-    redis = await runtime.jobs.redis()
-    return {"redis": redis, "job_id": job_id, "job_try": 1, "agent_runtime": runtime}
+async def enqueue(
+    on: Running,
+    prompt: str,
+    *,
+    deliver: bool = False,
+    origin: RunOrigin = "request",
+    **overrides: Any,
+) -> str:
+    """Queue a run as the app (or a tick, or a booking) would; its run id."""
+    if origin == "heartbeat":
+        overrides.setdefault("read_only", True)
+    run_id = new_run_id()
+    args = RunArgs.checked(prompt, overrides=overrides, deliver=deliver, origin=origin)
+    await on.jobs.enqueue(run_id, args)
+    return run_id
 
 
-async def run_job(runtime: AgentRuntime, args: AgentRunArgs) -> dict[str, Any]:
-    """One delivery of ``agent_run`` for ``args``, in this process."""
-    return await agent_run(await job_ctx(runtime, args.run_id), args.model_dump_json())
+async def run_job(on: Running, run_id: str) -> dict[str, Any]:
+    """One delivery of ``agent_run`` for the run, in this process."""
+    return await agent_run(on.job_ctx(run_id), run_id)
 
 
-def inbox(runtime: AgentRuntime) -> list[Report]:
-    delivery = runtime.delivery
+def inbox(on: Running) -> list[Report]:
+    delivery = on.runtime.delivery
     assert isinstance(delivery, Inbox)
     return delivery.reports
 
 
-async def outcome_text(runtime: AgentRuntime, run_id: str) -> str:
-    assert runtime.jobs is not None
-    record = await runtime.jobs.get(run_id)
+async def outcome_text(on: Running, run_id: str) -> str:
+    record = await on.jobs.get(run_id)
     assert record.outcome is not None, record
     return record.outcome.text or ""
 
 
-async def stored_args(runtime: AgentRuntime, run_id: str) -> dict[str, Any]:
-    assert runtime.jobs is not None
-    args = await runtime.jobs.store.args(run_id)
-    assert args is not None
-    return args
+async def stored_args(on: Running | AppAgent, run_id: str) -> dict[str, Any]:
+    return await on.jobs.store.args(run_id)
 
 
-async def queue_score(runtime: AgentRuntime, run_id: str) -> float | None:
-    assert runtime.jobs is not None
-    redis = await runtime.jobs.redis()
-    score = await redis.zscore(runtime.jobs.options.queue_name, run_id)
+async def queue_score(on: Running, run_id: str) -> float | None:
+    redis = await on.jobs.redis()
+    score = await redis.zscore(on.jobs.options.queue_name, run_id)
     return None if score is None else float(score)
 
 
-async def session_messages(runtime: AgentRuntime, session: str) -> list[Any]:
-    entries = await runtime.session_store.entries(session)
+async def session_messages(on: Running, session: str) -> list[Any]:
+    entries = await on.runtime.session_store.entries(session)
     return [e.message for e in entries if isinstance(e, MessageEntry)]
 
 
@@ -226,75 +238,73 @@ def unique(prefix: str) -> str:
 
 
 async def test_a_run_with_delivery_reports_its_answer_at_least_once(env: JobsEnv) -> None:
-    async with started(env) as runtime:
+    async with started(env) as on:
         _, prompt = plan(answer="Disk 91% full")
         session = unique("s")
-        args = AgentRunArgs(prompt=prompt, session=session, deliver=True)
-        assert await run_job(runtime, args) == {"run_id": args.run_id, "status": "complete"}
-        [report] = inbox(runtime)
+        args = await enqueue(on, prompt, session=session, deliver=True)
+        assert await run_job(on, args) == {"run_id": args, "status": "complete"}
+        [report] = inbox(on)
         assert report.source is ReportSource.JOB
-        assert (report.run_id, report.session_id) == (args.run_id, session)
+        assert (report.run_id, report.session_id) == (args, session)
         assert report.text == "Disk 91% full after 0 rounds"
-        assert report.key == f"{args.run_id}:job:completed:{report.outcome.steps_used}"
+        assert report.key == f"{args}:job:completed:{report.outcome.steps_used}"
         assert report.outcome.status == "completed"
 
         # the same job delivered again (a worker died after the run): reported once
-        assert (await run_job(runtime, args))["status"] == "complete"
-        assert len(inbox(runtime)) == 1
+        assert (await run_job(on, args))["status"] == "complete"
+        assert len(inbox(on)) == 1
         # ... unless the first delivery died before it could report: then it reports now
-        assert runtime.jobs is not None
-        redis = await runtime.jobs.redis()
-        assert await redis.delete(f"{env.prefix}reported:{args.run_id}") == 1
-        assert (await run_job(runtime, args))["status"] == "complete"
-        assert [r.key for r in inbox(runtime)] == [report.key] * 2  # same key: receivers dedupe
+        redis = await on.jobs.redis()
+        assert await redis.delete(f"{env.prefix}reported:{args}") == 1
+        assert (await run_job(on, args))["status"] == "complete"
+        assert [r.key for r in inbox(on)] == [report.key] * 2  # same key: receivers dedupe
 
 
 async def test_runs_without_delivery_and_silent_answers_report_nothing(env: JobsEnv) -> None:
-    async with started(env) as runtime:
+    async with started(env) as on:
         _, loud = plan(answer="Something happened")
-        assert (await run_job(runtime, AgentRunArgs(prompt=loud)))["status"] == "complete"
+        assert (await run_job(on, await enqueue(on, loud)))["status"] == "complete"
         _, quiet = plan(answer="HEARTBEAT_OK")  # "HEARTBEAT_OK after 0 rounds" is silent
-        args = AgentRunArgs(prompt=quiet, deliver=True, origin="heartbeat")
-        assert (await run_job(runtime, args))["status"] == "complete"
-        assert await outcome_text(runtime, args.run_id) == "HEARTBEAT_OK after 0 rounds"
+        args = await enqueue(on, quiet, deliver=True, origin="heartbeat")
+        assert (await run_job(on, args))["status"] == "complete"
+        assert await outcome_text(on, args) == "HEARTBEAT_OK after 0 rounds"
         _, budget = plan(rounds=[[["effect", str(i)]] for i in range(20)])
-        stopped = AgentRunArgs(prompt=budget, deliver=True, max_steps=1)
-        assert (await run_job(runtime, stopped))["status"] == "complete"
-        assert (await runtime.jobs.get(stopped.run_id)).outcome.status == "budget_exhausted"  # type: ignore[union-attr]
-        assert inbox(runtime) == []
+        stopped = await enqueue(on, budget, deliver=True, max_steps=1)
+        assert (await run_job(on, stopped))["status"] == "complete"
+        assert (await on.jobs.get(stopped)).outcome.status == "budget_exhausted"  # type: ignore[union-attr]
+        assert inbox(on) == []
 
 
 async def test_a_paused_run_reports_its_calls_and_the_resume_reports_the_answer(
     env: JobsEnv,
 ) -> None:
     """Reference: ``execute_resume_finishes_a_paused_run``."""
-    async with started(env) as runtime:
-        assert runtime.jobs is not None
+    async with started(env) as on:
         session = unique("pause")
         _, prompt = plan(rounds=[[["send", "x"]]], answer="sent it")
-        args = AgentRunArgs(prompt=prompt, session=session, deliver=True)
-        assert (await run_job(runtime, args))["status"] == "awaiting_approval"
-        [paused] = inbox(runtime)
+        args = await enqueue(on, prompt, session=session, deliver=True)
+        assert (await run_job(on, args))["status"] == "awaiting_approval"
+        [paused] = inbox(on)
         assert paused.source is ReportSource.JOB
         assert paused.text.splitlines()[0] == APPROVAL_HEADER
         assert "needs approval" in paused.text
         assert paused.text.splitlines()[1] == '- send {"delay":0.0,"key":"x"}'
 
-        record = await runtime.jobs.get(args.run_id)
+        record = await on.jobs.get(args)
         [waiting] = record.awaiting
-        await runtime.jobs.enqueue_resume(args.run_id, [ApprovalDecision.approve(waiting.call_id)])
-        redis = await runtime.jobs.redis()
-        queued = await redis.zrange(runtime.jobs.options.queue_name, 0, -1)
-        [job_id] = [j.decode() for j in queued if j.decode().startswith(f"{args.run_id}:resume:")]
-        ctx = await job_ctx(runtime, job_id)  # the resume job, run here
-        assert (await agent_resume(ctx, args.run_id))["status"] == "complete"
-        _, resumed = inbox(runtime)
+        await on.jobs.enqueue_resume(args, [ApprovalDecision.approve(waiting.call_id)])
+        redis = await on.jobs.redis()
+        queued = await redis.zrange(on.jobs.options.queue_name, 0, -1)
+        [job_id] = [j.decode() for j in queued if j.decode().startswith(f"{args}:resume:")]
+        ctx = on.job_ctx(job_id)  # the resume job, run here
+        assert (await agent_resume(ctx, args))["status"] == "complete"
+        _, resumed = inbox(on)
         assert resumed.source is ReportSource.RESUME
-        assert resumed.key.startswith(f"{args.run_id}:resume:")
+        assert resumed.key.startswith(f"{args}:resume:")
         assert resumed.key != paused.key
-        assert (resumed.run_id, resumed.session_id) == (args.run_id, session)
+        assert (resumed.run_id, resumed.session_id) == (args, session)
         assert resumed.text == "sent it after 1 rounds"
-        roles = [m.role for m in await session_messages(runtime, session)]
+        roles = [m.role for m in await session_messages(on, session)]
         assert roles == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.ASSISTANT]  # 4 messages
 
 
@@ -303,19 +313,17 @@ async def test_a_failing_or_hanging_delivery_never_fails_the_run(
 ) -> None:
     broken = Broken()
     for delivery in (broken, Stuck()):
-        async with started(env, delivery=delivery) as runtime:
+        async with started(env, delivery=delivery) as on:
             _, prompt = plan(answer="worth telling")
-            args = AgentRunArgs(prompt=prompt, deliver=True)
+            args = await enqueue(on, prompt, deliver=True)
             begun = time.monotonic()
             with caplog.at_level(logging.ERROR, logger="agent_plugin.delivery"):
-                result = await run_job(runtime, args)
-            assert result == {"run_id": args.run_id, "status": "complete"}
+                result = await run_job(on, args)
+            assert result == {"run_id": args, "status": "complete"}
             assert time.monotonic() - begun < 5
-            record = await runtime.jobs.get(args.run_id)  # type: ignore[union-attr]
+            record = await on.jobs.get(args)  # type: ignore[union-attr]
             assert (record.status, record.attempt, record.error) == ("complete", 1, None)
-        assert any(
-            f"cannot deliver report {args.run_id}:job" in r.getMessage() for r in caplog.records
-        )
+        assert any(f"cannot deliver report {args}:job" in r.getMessage() for r in caplog.records)
     assert broken.calls == 1  # tried once; a failed delivery is not retried
 
 
@@ -327,8 +335,10 @@ async def test_the_runtime_delivers_to_the_log_by_default_and_closes_its_deliver
     await runtime.aclose()
     assert isinstance(runtime.delivery, LogDelivery)
     closable = Closable()
-    async with started(env, delivery=closable) as runtime:
-        assert runtime.delivery is closable
+    plugin = make_plugin(env.environ, delivery=closable, heartbeat=None, followups=None)
+    runtime = await plugin.start()
+    assert runtime.delivery is closable
+    await runtime.aclose()
     assert closable.closed == 1
 
 
@@ -340,39 +350,43 @@ async def test_a_heartbeat_run_is_denied_actions_and_reports_with_source_heartbe
 ) -> None:
     """Reference: ``noteworthy_heartbeat_is_delivered_and_stays_read_only``, as jobs."""
     heartbeat = Heartbeat.every(60, session="ops")
-    async with started(env, heartbeat=heartbeat, policy=AllowAll()) as runtime:
-        assert isinstance(runtime.heartbeat_policy(), Strictest)
+    async with started(env, heartbeat=heartbeat, policy=AllowAll()) as on:
+        assert isinstance(on.runtime.agent_for(AgentOverrides(read_only=True)).policy, Strictest)
         session = unique("ops")
         _, prompt = plan(rounds=[[["effect", "restart"]]], answer="Server is down", echo=True)
-        args = AgentRunArgs(prompt=prompt, session=session, deliver=True, origin="heartbeat")
-        assert (await run_job(runtime, args))["status"] == "complete"
-        assert not [line for line in env.lines("tool_start") if line.args[0] == args.run_id]
-        [report] = inbox(runtime)
+        args = await enqueue(on, prompt, session=session, deliver=True, origin="heartbeat")
+        assert (await run_job(on, args))["status"] == "complete"
+        assert not [line for line in env.lines("tool_start") if line.args[0] == args]
+        [report] = inbox(on)
         assert report.source is ReportSource.HEARTBEAT
         assert report.session_id == session
         assert report.text.startswith("Server is down after 1 rounds | ")
         assert READ_ONLY_REASON in report.text
-        assert len(await session_messages(runtime, session)) == 4
+        assert len(await session_messages(on, session)) == 4
 
         # a request run of the same app may act: only heartbeat runs are read-only
         _, acting = plan(rounds=[[["effect", "restart"]]])
-        request = AgentRunArgs(prompt=acting, session=session)
-        assert (await run_job(runtime, request))["status"] == "complete"
-        assert [line.args[2] for line in env.lines("tool_start") if line.args[0] == request.run_id]
+        request = await enqueue(on, acting, session=session)
+        assert (await run_job(on, request))["status"] == "complete"
+        assert [line.args[2] for line in env.lines("tool_start") if line.args[0] == request]
 
     # allow_actions lifts the read-only rule (but keeps the app policy)
-    async with started(env, heartbeat=heartbeat.allow_actions(), policy=AllowAll()) as runtime:
-        _, prompt = plan(rounds=[[["effect", "restart"]]])
-        args = AgentRunArgs(prompt=prompt, deliver=True, origin="heartbeat")
-        assert (await run_job(runtime, args))["status"] == "complete"
-        assert [line.args[2] for line in env.lines("tool_start") if line.args[0] == args.run_id]
+    _, prompt = plan(rounds=[[["effect", "restart"]]])
+    acting_heartbeat = Heartbeat.every(60, prompt=prompt).allow_actions()
+    async with started(env, heartbeat=acting_heartbeat, policy=AllowAll()) as on:
+        ticked = await agent_heartbeat(on.job_ctx(unique("agent_heartbeat")))
+        assert ticked["status"] == "started"
+        assert (await run_job(on, ticked["run_id"]))["status"] == "complete"
+        assert [
+            line.args[2] for line in env.lines("tool_start") if line.args[0] == ticked["run_id"]
+        ]
 
     # a heartbeat run left in the queue after the heartbeat was removed stays read-only
-    async with started(env, policy=AllowAll()) as runtime:
+    async with started(env, policy=AllowAll()) as on:
         _, prompt = plan(rounds=[[["effect", "late"]]], echo=True)
-        args = AgentRunArgs(prompt=prompt, origin="heartbeat")
-        assert (await run_job(runtime, args))["status"] == "complete"
-        assert READ_ONLY_REASON in await outcome_text(runtime, args.run_id)
+        args = await enqueue(on, prompt, origin="heartbeat")
+        assert (await run_job(on, args))["status"] == "complete"
+        assert READ_ONLY_REASON in await outcome_text(on, args)
 
 
 # --- the heartbeat's cron job ---------------------------------------------------------------
@@ -393,40 +407,41 @@ async def test_the_heartbeat_job_enqueues_the_installed_heartbeat(env: JobsEnv) 
     session = unique("ops")
     _, prompt = plan(answer="HEARTBEAT_OK")
     heartbeat = Heartbeat.every(1800, prompt=prompt, session=session, memory_scope="u1")
-    async with started(env, heartbeat=heartbeat) as runtime:
-        assert runtime.jobs is not None
+    async with started(env, heartbeat=heartbeat) as on:
+        before = await on.agent.heartbeat_stats()
         tick = "agent_heartbeat:1700000000123"
-        result = await agent_heartbeat(await job_ctx(runtime, tick))
+        result = await agent_heartbeat(on.job_ctx(tick))
         run_id = tick_run_id(env.queue, tick)
         assert result == {"status": "started", "run_id": run_id}
-        record = await runtime.jobs.get(run_id)
+        record = await on.jobs.get(run_id)
         assert (record.status, record.origin) == ("queued", "heartbeat")
         assert (record.session_id, record.memory_scope) == (session, "u1")
-        args = await stored_args(runtime, run_id)
+        args = await stored_args(on, run_id)
         assert (args["prompt"], args["deliver"], args["origin"]) == (prompt, True, "heartbeat")
-        assert await queue_score(runtime, run_id) is not None  # on the queue, due now
+        assert await queue_score(on, run_id) is not None  # on the queue, due now
 
         # the next tick finds the check-in still waiting for a worker: skipped, and counted
-        result = await agent_heartbeat(await job_ctx(runtime, "agent_heartbeat:1700000001123"))
+        result = await agent_heartbeat(on.job_ctx("agent_heartbeat:1700000001123"))
         assert result == {"status": "skipped_busy", "run_id": None}
-        stats = await AgentRuntimeHandle(runtime).heartbeat_stats()
-        assert (stats.started, stats.skipped_busy, stats.skipped_precheck) == (1, 1, 0)
+        stats = await on.agent.heartbeat_stats()
+        counts = (stats.started, stats.skipped_busy, stats.skipped_precheck)
+        assert counts == (before.started + 1, before.skipped_busy + 1, before.skipped_precheck)
         assert (stats.last_status, stats.last_run_id) == ("skipped_busy", None)
         assert stats.last_tick_at is not None
 
 
 async def test_ticks_are_skipped_only_while_a_run_of_the_session_is_active(env: JobsEnv) -> None:
     session = unique("busy")
-    async with started(env, heartbeat=Heartbeat.every(60, session=session)) as runtime:
-        jobs = runtime.jobs
-        assert jobs is not None
+    async with started(env, heartbeat=Heartbeat.every(60, session=session)) as on:
+        jobs = on.jobs
         redis = await jobs.redis()
         assert not await jobs.session_active(session)
         assert not await jobs.session_active(None)  # no session: never busy
 
         # a follow-up booked for later does not count until its time has come
         _, prompt = plan()
-        later = await jobs.enqueue(AgentRunArgs(prompt=prompt, session=session), defer=600)
+        args = RunArgs.checked(prompt, overrides={"session": session})
+        later = await jobs.enqueue(new_run_id(), args, delay=600)
         assert not await jobs.session_active(session)
         await redis.zadd(env.queue, {later.run_id: time.time() * 1000 - 1}, xx=True)
         assert await jobs.session_active(session)  # due: waiting for a worker
@@ -437,10 +452,10 @@ async def test_ticks_are_skipped_only_while_a_run_of_the_session_is_active(env: 
         lock = f"{env.prefix}session-lock:{session}"
         await redis.set(lock, "run_other", px=5000)
         assert await jobs.session_active(session)
-        tick = await agent_heartbeat(await job_ctx(runtime, unique("agent_heartbeat")))
+        tick = await agent_heartbeat(on.job_ctx(unique("agent_heartbeat")))
         assert tick["status"] == "skipped_busy"
         await redis.delete(lock)
-        tick = await agent_heartbeat(await job_ctx(runtime, unique("agent_heartbeat")))
+        tick = await agent_heartbeat(on.job_ctx(unique("agent_heartbeat")))
         assert tick["status"] == "started"
 
 
@@ -454,23 +469,19 @@ async def test_a_precheck_skips_or_fails_the_tick_without_enqueueing(env: JobsEn
     def broken(state: object) -> bool:
         raise RuntimeError("orders database is down")
 
-    async with started(env, heartbeat=Heartbeat.every(60).precheck(nothing_new)) as runtime:
-        assert runtime.jobs is not None
-        before = await runtime.jobs.heartbeat_stats()
+    async with started(env, heartbeat=Heartbeat.every(60).precheck(nothing_new)) as on:
+        before = await on.jobs.heartbeat_stats()
         tick = unique("agent_heartbeat")
-        assert (await agent_heartbeat(await job_ctx(runtime, tick)))["status"] == (
-            "skipped_precheck"
-        )
-        assert calls == [runtime]  # the precheck gets the runtime as the app state
+        assert (await agent_heartbeat(on.job_ctx(tick)))["status"] == ("skipped_precheck")
+        assert calls == [on.runtime]  # the precheck gets the runtime as the app state
         with pytest.raises(AgentError) as caught:
-            await runtime.jobs.get(tick_run_id(env.queue, tick))
+            await on.jobs.get(tick_run_id(env.queue, tick))
         assert caught.value.kind is ErrorKind.NOT_FOUND
-    async with started(env, heartbeat=Heartbeat.every(60).precheck(broken)) as runtime:
-        assert runtime.jobs is not None
-        result = await agent_heartbeat(await job_ctx(runtime, unique("agent_heartbeat")))
+    async with started(env, heartbeat=Heartbeat.every(60).precheck(broken)) as on:
+        result = await agent_heartbeat(on.job_ctx(unique("agent_heartbeat")))
         assert result["status"] == "failed"
         assert "orders database is down" in result["error"]
-        after = await runtime.jobs.heartbeat_stats()
+        after = await on.jobs.heartbeat_stats()
     assert after.skipped_precheck == before.skipped_precheck + 1
     assert after.failed == before.failed + 1
     assert after.last_status == "failed"
@@ -478,15 +489,14 @@ async def test_a_precheck_skips_or_fails_the_tick_without_enqueueing(env: JobsEn
 
 async def test_one_tick_enqueued_by_two_workers_is_one_run(env: JobsEnv) -> None:
     """A fleet tick has one arq job id for every worker; its run id derives from it."""
-    async with started(env, heartbeat=Heartbeat.every(60)) as runtime:
-        assert runtime.jobs is not None
-        tick = unique("agent_heartbeat")
-        first = await runtime.jobs.tick(Heartbeat.every(60), tick)
-        second = await runtime.jobs.tick(Heartbeat.every(60), tick)
-        assert first == second == {"status": "started", "run_id": tick_run_id(env.queue, tick)}
-        assert tick_run_id(env.queue, tick) != tick_run_id("other:queue", tick)
-        assert tick_run_id(env.queue, tick) != tick_run_id(env.queue, tick + "1")
-        assert re.fullmatch(r"run_[0-9a-f]{32}", tick_run_id(env.queue, tick))
+    async with started(env, heartbeat=Heartbeat.every(60)) as on:
+        tick_id = unique("agent_heartbeat")
+        first = await tick(on.jobs, on.runtime, Heartbeat.every(60), tick_id)
+        second = await tick(on.jobs, on.runtime, Heartbeat.every(60), tick_id)
+        assert first == second == {"status": "started", "run_id": tick_run_id(env.queue, tick_id)}
+        assert tick_run_id(env.queue, tick_id) != tick_run_id("other:queue", tick_id)
+        assert tick_run_id(env.queue, tick_id) != tick_run_id(env.queue, tick_id + "1")
+        assert re.fullmatch(r"run_[0-9a-f]{32}", tick_run_id(env.queue, tick_id))
 
 
 # --- worker settings and startup checks -----------------------------------------------------
@@ -601,24 +611,23 @@ async def test_startup_rejects_a_misconfigured_always_on_setup(env: JobsEnv) -> 
 async def test_a_followup_is_booked_as_a_deferred_tracked_run_one_link_deeper(
     env: JobsEnv,
 ) -> None:
-    async with started(env, followups=timedelta(hours=1)) as runtime:
-        jobs = runtime.jobs
-        assert jobs is not None
+    async with started(env, followups=timedelta(hours=1)) as on:
+        jobs = on.jobs
         session = unique("chat")
         _, later = plan(answer="checked the deploy again")
         _, prompt = plan(rounds=[[followup_call(1, later)]], answer="booked", echo=True)
-        parent = AgentRunArgs(
-            prompt=prompt, session=session, memory_scope="u1", origin="followup", followup_depth=2
+        parent = await enqueue(
+            on, prompt, session=session, memory_scope="u1", origin="followup", followup_depth=2
         )
         booked_at = time.time()
-        assert (await run_job(runtime, parent))["status"] == "complete"
-        result = booked(await outcome_text(runtime, parent.run_id))
+        assert (await run_job(on, parent))["status"] == "complete"
+        result = booked(await outcome_text(on, parent))
         assert result["scheduled"] is True
         assert result["in_minutes"] == 1
         run_id = result["run_id"]
 
         # a deferred arq job, one minute out, whose payload is only the run id
-        score = await queue_score(runtime, run_id)
+        score = await queue_score(on, run_id)
         assert score is not None
         assert abs(score / 1000 - (booked_at + 60)) < 5
         redis = await jobs.redis()
@@ -628,8 +637,12 @@ async def test_a_followup_is_booked_as_a_deferred_tracked_run_one_link_deeper(
         record = await jobs.get(run_id)
         assert (record.status, record.origin) == ("queued", "followup")
         assert (record.session_id, record.memory_scope) == (session, "u1")
-        args = await stored_args(runtime, run_id)
-        assert (args["followup_depth"], args["deliver"], args["prompt"]) == (3, True, later)
+        args = await stored_args(on, run_id)
+        assert (args["overrides"]["followup_depth"], args["deliver"], args["prompt"]) == (
+            3,
+            True,
+            later,
+        )
         assert not await jobs.session_active(session)  # waiting for its time holds nothing
 
         # the same booking call made again (a retried job) books nothing new
@@ -638,45 +651,44 @@ async def test_a_followup_is_booked_as_a_deferred_tracked_run_one_link_deeper(
             prompt="x",
             depth=3,
             session=session,
-            parent_run_id=parent.run_id,
+            parent_run_id=parent,
             step=0,
             call_id="u1r0c0",
         )
         assert plan_again.derived_run_id() == run_id
         assert await jobs.enqueue_followup(plan_again) == run_id
-        assert (await stored_args(runtime, run_id))["prompt"] == later  # unchanged
-        assert await queue_score(runtime, run_id) == score
+        assert (await stored_args(on, run_id))["prompt"] == later  # unchanged
+        assert await queue_score(on, run_id) == score
 
         # when its time comes it runs in the session, with delivery on
         await bring_forward(jobs, run_id)
-        assert (await run_job(runtime, AgentRunArgs.model_validate(args)))["status"] == ("complete")
-        reports = [r for r in inbox(runtime) if r.run_id == run_id]
+        assert (await run_job(on, run_id))["status"] == "complete"
+        reports = [r for r in inbox(on) if r.run_id == run_id]
         [report] = reports
         assert report.source is ReportSource.FOLLOWUP
         assert report.session_id == session
         assert report.text == "checked the deploy again after 0 rounds"
-        users = [m for m in await session_messages(runtime, session) if m.role is Role.USER]
+        users = [m for m in await session_messages(on, session) if m.role is Role.USER]
         assert [m.text for m in users] == [prompt, later]
 
 
 async def test_the_eleventh_link_of_a_chain_is_refused(env: JobsEnv) -> None:
-    async with started(env, followups=timedelta(hours=1)) as runtime:
-        assert runtime.jobs is not None
+    async with started(env, followups=timedelta(hours=1)) as on:
         _, next_link = plan()
         _, prompt = plan(rounds=[[followup_call(1, next_link)]], echo=True)
-        tenth = AgentRunArgs(prompt=prompt, origin="followup", followup_depth=9)
-        assert (await run_job(runtime, tenth))["status"] == "complete"
-        run_id = booked(await outcome_text(runtime, tenth.run_id))["run_id"]
-        assert (await stored_args(runtime, run_id))["followup_depth"] == 10
+        tenth = await enqueue(on, prompt, origin="followup", followup_depth=9)
+        assert (await run_job(on, tenth))["status"] == "complete"
+        run_id = booked(await outcome_text(on, tenth))["run_id"]
+        assert (await stored_args(on, run_id))["overrides"]["followup_depth"] == 10
 
-        eleventh = AgentRunArgs(prompt=prompt, origin="followup", followup_depth=10)
-        assert (await run_job(runtime, eleventh))["status"] == "complete"
-        assert booked(await outcome_text(runtime, eleventh.run_id)) == {"error": FOLLOWUP_REFUSAL}
+        eleventh = await enqueue(on, prompt, origin="followup", followup_depth=10)
+        assert (await run_job(on, eleventh))["status"] == "complete"
+        assert booked(await outcome_text(on, eleventh)) == {"error": FOLLOWUP_REFUSAL}
         # and the tool's own checks reach the model the same way
         _, bad = plan(rounds=[[followup_call(61, "x")]], echo=True)
-        args = AgentRunArgs(prompt=bad)
-        assert (await run_job(runtime, args))["status"] == "complete"
-        assert booked(await outcome_text(runtime, args.run_id)) == {
+        args = await enqueue(on, bad)
+        assert (await run_job(on, args))["status"] == "complete"
+        assert booked(await outcome_text(on, args)) == {
             "error": "delay_minutes must be a whole number from 1 to 60"
         }
 
@@ -687,33 +699,35 @@ async def test_a_followup_does_not_hold_its_session_under_the_reject_policy(
     """The booking run holds its session; the follow-up it books must not be refused for it,
     nor keep the session from other runs while it waits."""
     reject = {"AGENT_SESSION_LOCK": "reject"}
-    async with started(env, reject, followups=timedelta(hours=1)) as runtime:
-        jobs = runtime.jobs
-        assert jobs is not None
+    async with started(env, reject, followups=timedelta(hours=1)) as on:
+        jobs = on.jobs
         session = unique("locked")
         _, later = plan()
         _, prompt = plan(rounds=[[followup_call(30, later)]], echo=True)
-        handle = await jobs.enqueue(AgentRunArgs(prompt=prompt, session=session))
-        ctx = await job_ctx(runtime, handle.run_id)
+        handle = await jobs.enqueue(
+            new_run_id(), RunArgs.checked(prompt, overrides={"session": session})
+        )
+        ctx = on.job_ctx(handle.run_id)
         assert (await agent_run(ctx, handle.run_id))["status"] == "complete"
-        result = booked(await outcome_text(runtime, handle.run_id))
+        result = booked(await outcome_text(on, handle.run_id))
         assert result.get("scheduled") is True, result
         _, other = plan()
-        assert await jobs.enqueue(AgentRunArgs(prompt=other, session=session))  # not 409
+        args = RunArgs.checked(other, overrides={"session": session})
+        assert await jobs.enqueue(new_run_id(), args)  # not 409
 
 
 async def test_request_runs_get_the_followup_tool_and_book_in_their_session(
     env: JobsEnv,
 ) -> None:
-    async with started(env, followups=timedelta(minutes=30)) as runtime:
-        handle = AgentRuntimeHandle(runtime)
+    async with started(env, followups=timedelta(minutes=30)) as on:
+        handle = on.agent
         assert "schedule_followup" in handle.tool_names()
         [info] = [t for t in handle.agent().tools if t.name == "schedule_followup"]
         assert info.input_schema["properties"]["delay_minutes"]["maximum"] == 30  # type: ignore[index, call-overload]
         session = unique("chat")
         _, later = plan()
         _, prompt = plan(rounds=[[followup_call(5, later)]], echo=True)
-        outcome = await handle.chat_as("user-7", session, prompt)
+        outcome = (await handle.chat(session, prompt, scope="user-7")).outcome
         assert outcome.status == "completed"
         run_id = booked(outcome.text)["run_id"]  # type: ignore[union-attr]
         record = await handle.run_status(run_id)
@@ -722,9 +736,9 @@ async def test_request_runs_get_the_followup_tool_and_book_in_their_session(
             session,
             "user-7",
         )
-        assert (await stored_args(runtime, run_id))["followup_depth"] == 1
-    async with started(env) as runtime:  # no followups: no tool
-        assert "schedule_followup" not in runtime.tool_names()
+        assert (await stored_args(on, run_id))["overrides"]["followup_depth"] == 1
+    async with started(env) as on:  # no followups: no tool
+        assert "schedule_followup" not in on.agent.tool_names()
 
 
 async def test_the_followups_builder_sets_the_longest_delay(env: JobsEnv) -> None:
@@ -732,7 +746,7 @@ async def test_the_followups_builder_sets_the_longest_delay(env: JobsEnv) -> Non
     assert plugin.followups(timedelta(minutes=5)) is plugin
     runtime = await plugin.start()
     try:
-        [tool] = [t for t in runtime.agent().tools if t.name == "schedule_followup"]
+        [tool] = [t for t in runtime.agent_for().tools if t.name == "schedule_followup"]
         assert tool.input_schema["properties"]["delay_minutes"]["maximum"] == 5  # type: ignore[index, call-overload]
     finally:
         await runtime.aclose()
@@ -750,9 +764,8 @@ async def test_a_followup_without_a_job_runtime_is_a_tool_error() -> None:
         session_store=InMemorySessionStore(),
         followups=timedelta(hours=1),
     )
-    assert runtime.jobs is None
-    agent: Agent = runtime.agent()
-    outcome = await agent.run("book it")
+    agent: Agent = runtime.agent_for()
+    outcome = (await agent.run("book it")).outcome
     assert outcome.status == "completed"
     tool_message = model.requests[1].messages[-1]
     [part] = tool_message.content
@@ -986,55 +999,55 @@ async def test_webhook_reports_arrive_signed_and_failing_receivers_do_not_fail_r
             },
         )
         await asyncio.to_thread(worker.start)
-        runtime = await make_plugin(env.environ, delivery=None).start()
         try:
-            handle = AgentRuntimeHandle(runtime)
-            session = unique("hooks")
-            ids: list[str] = []
-            for count, text in enumerate(("first", "second", "third"), 1):
-                _, prompt = plan(answer=text)
-                ids.append(await handle.enqueue_run(prompt, deliver=True, session=session))
-                await wait_for(lambda: _count(server, count), 15, text)  # noqa: B023
-            for run_id in ids:
-                await wait_for(lambda: _finished(handle, run_id), 15, "the runs")  # noqa: B023
-            records = [await handle.run_status(run_id) for run_id in ids]
-            assert [r.status for r in records] == ["complete"] * 3
-            assert [r.attempt for r in records] == [1, 1, 1]  # never re-run for a delivery
+            async with make_plugin(env.environ, delivery=None).open() as handle:
+                session = unique("hooks")
+                ids: list[str] = []
+                for count, text in enumerate(("first", "second", "third"), 1):
+                    _, prompt = plan(answer=text)
+                    ids.append((await handle.enqueue(prompt, deliver=True, session=session)).run_id)
+                    await wait_for(lambda: _count(server, count), 15, text)  # noqa: B023
+                for run_id in ids:
+                    await wait_for(lambda: _finished(handle, run_id), 15, "the runs")  # noqa: B023
+                records = [await handle.run_status(run_id) for run_id in ids]
+                assert [r.status for r in records] == ["complete"] * 3
+                assert [r.attempt for r in records] == [1, 1, 1]  # never re-run for a delivery
 
-            first = server.requests[0]
-            assert (first.method, first.path) == ("POST", "/hooks/T0/tok-123")
-            assert verify_webhook(
-                SECRET,
-                first.body,
-                timestamp=first.headers[TIMESTAMP_HEADER.lower()],
-                signature=first.headers[SIGNATURE_HEADER.lower()],
-            )
-            body = first.json()
-            assert (body["source"], body["run_id"], body["session_id"]) == (
-                "job",
-                ids[0],
-                session,
-            )
-            assert body["text"] == "first after 0 rounds"
-            assert first.headers[KEY_HEADER.lower()] == f"{ids[0]}:job:completed:0" == body["key"]
-            assert [r.json()["run_id"] for r in server.requests[1:3]] == ids[1:]
+                first = server.requests[0]
+                assert (first.method, first.path) == ("POST", "/hooks/T0/tok-123")
+                assert verify_webhook(
+                    SECRET,
+                    first.body,
+                    timestamp=first.headers[TIMESTAMP_HEADER.lower()],
+                    signature=first.headers[SIGNATURE_HEADER.lower()],
+                )
+                body = first.json()
+                assert (body["source"], body["run_id"], body["session_id"]) == (
+                    "job",
+                    ids[0],
+                    session,
+                )
+                assert body["text"] == "first after 0 rounds"
+                assert (
+                    first.headers[KEY_HEADER.lower()] == f"{ids[0]}:job:completed:0" == body["key"]
+                )
+                assert [r.json()["run_id"] for r in server.requests[1:3]] == ids[1:]
 
-            # the worker logged the failures and carried on
-            output = await asyncio.to_thread(_wait_output, worker, "did not answer within")
-            assert f"cannot deliver report {ids[1]}:job" in output
-            assert "answered 500" in output
-            assert "tok-123" not in output
-            _, prompt = plan(answer="after the failures")
-            later = await handle.enqueue_run(prompt, deliver=True)
-            await wait_for(lambda: _finished(handle, later), 15, "a later run")
-            await wait_for(lambda: _count(server, 4), 5, "the later report")
+                # the worker logged the failures and carried on
+                output = await asyncio.to_thread(_wait_output, worker, "did not answer within")
+                assert f"cannot deliver report {ids[1]}:job" in output
+                assert "answered 500" in output
+                assert "tok-123" not in output
+                _, prompt = plan(answer="after the failures")
+                later = (await handle.enqueue(prompt, deliver=True)).run_id
+                await wait_for(lambda: _finished(handle, later), 15, "a later run")
+                await wait_for(lambda: _count(server, 4), 5, "the later report")
         finally:
-            await runtime.aclose()
             await asyncio.to_thread(worker.stop)
             clean_redis(env)
 
 
-async def _finished(handle: AgentRuntimeHandle, run_id: str) -> bool:
+async def _finished(handle: AppAgent, run_id: str) -> bool:
     return (await handle.run_status(run_id)).status not in ("queued", "in_progress")
 
 
@@ -1056,55 +1069,55 @@ async def test_a_followup_booked_for_a_minute_runs_in_a_worker_one_link_deeper(
     env = jobs_env(tmp_path, followups="60")
     worker = WorkerProcess(env)
     await asyncio.to_thread(worker.start)
-    runtime = await make_plugin(env.environ).start()
     try:
-        handle = AgentRuntimeHandle(runtime)
-        session = unique("deploy")
-        later_tag, later = plan(answer="the deploy finished")
-        _, prompt = plan(rounds=[[followup_call(1, later)]], answer="will check", echo=True)
-        parent = await handle.enqueue_run(prompt, session=session, memory_scope="u1")
-        await wait_for(lambda: _finished(handle, parent), 15, "the booking run")
-        record = await handle.run_status(parent)
-        assert record.outcome is not None
-        run_id = booked(record.outcome.text or "")["run_id"]
+        async with make_plugin(env.environ).open() as handle:
+            session = unique("deploy")
+            later_tag, later = plan(answer="the deploy finished")
+            _, prompt = plan(rounds=[[followup_call(1, later)]], answer="will check", echo=True)
+            parent = (await handle.enqueue(prompt, session=session, scope="u1")).run_id
+            await wait_for(lambda: _finished(handle, parent), 15, "the booking run")
+            record = await handle.run_status(parent)
+            assert record.outcome is not None
+            run_id = booked(record.outcome.text or "")["run_id"]
 
-        # a deferred arq job one minute out, tracked, one link deeper
-        redis = await handle.jobs.redis()
-        score = await redis.zscore(env.queue, run_id)
-        assert score is not None
-        assert 50 < score / 1000 - time.time() <= 60
-        followup = await handle.run_status(run_id)
-        assert (followup.status, followup.origin, followup.session_id) == (
-            "queued",
-            "followup",
-            session,
-        )
-        assert (await stored_args(runtime, run_id))["followup_depth"] == 1
+            # a deferred arq job one minute out, tracked, one link deeper
+            redis = await handle.jobs.redis()
+            score = await redis.zscore(env.queue, run_id)
+            assert score is not None
+            assert 50 < score / 1000 - time.time() <= 60
+            followup = await handle.run_status(run_id)
+            assert (followup.status, followup.origin, followup.session_id) == (
+                "queued",
+                "followup",
+                session,
+            )
+            assert (await stored_args(handle, run_id))["overrides"]["followup_depth"] == 1
 
-        # its minute has passed (we move it forward): the worker runs it and reports
-        await bring_forward(handle.jobs, run_id)
-        await wait_for(lambda: _finished(handle, run_id), 15, "the follow-up")
-        done = await handle.run_status(run_id)
-        assert done.status == "complete"
-        assert done.outcome is not None
-        assert done.outcome.text == "the deploy finished after 0 rounds"
-        assert [line.args[0] for line in env.lines("model_end")].count(later_tag) == 1
-        [report] = await wait_for(lambda: _delivered(env), 5, "the follow-up's report")
-        assert (report["source"], report["run_id"], report["session_id"]) == (
-            "followup",
-            run_id,
-            session,
-        )
+            # its minute has passed (we move it forward): the worker runs it and reports
+            await bring_forward(handle.jobs, run_id)
+            await wait_for(lambda: _finished(handle, run_id), 15, "the follow-up")
+            done = await handle.run_status(run_id)
+            assert done.status == "complete"
+            assert done.outcome is not None
+            assert done.outcome.text == "the deploy finished after 0 rounds"
+            assert [line.args[0] for line in env.lines("model_end")].count(later_tag) == 1
+            [report] = await wait_for(lambda: _delivered(env), 5, "the follow-up's report")
+            assert (report["source"], report["run_id"], report["session_id"]) == (
+                "followup",
+                run_id,
+                session,
+            )
 
-        # the eleventh link of a chain is refused with the reference's text
-        _, deep = plan(rounds=[[followup_call(1, later)]], echo=True)
-        eleventh = await handle.enqueue_run(deep, origin="followup", followup_depth=10)
-        await wait_for(lambda: _finished(handle, eleventh), 15, "the eleventh link")
-        refused = await handle.run_status(eleventh)
-        assert refused.outcome is not None
-        assert booked(refused.outcome.text or "") == {"error": FOLLOWUP_REFUSAL}
+            # the eleventh link of a chain is refused with the reference's text
+            _, deep = plan(rounds=[[followup_call(1, later)]], echo=True)
+            eleventh = new_run_id()
+            deeper = RunArgs.checked(deep, overrides={"followup_depth": 10}, origin="followup")
+            await handle.jobs.enqueue(eleventh, deeper)
+            await wait_for(lambda: _finished(handle, eleventh), 15, "the eleventh link")
+            refused = await handle.run_status(eleventh)
+            assert refused.outcome is not None
+            assert booked(refused.outcome.text or "") == {"error": FOLLOWUP_REFUSAL}
     finally:
-        await runtime.aclose()
         await asyncio.to_thread(worker.stop)
         clean_redis(env)
 

@@ -18,6 +18,7 @@ from agent_plugin.delegate import APPROVAL_NEEDED, STOPPED_EARLY, AgentTool, chi
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.hooks import AgentHooks, PauseRun, RunControl
 from agent_plugin.messages import ChatMessage, Role, TokenUsage, ToolResultPart
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import BudgetExhausted, Cancelled, Completed, RunInfo
 from agent_plugin.policy import ToolRules
 from agent_plugin.providers.base import ChatRequest, ChatResponse
@@ -86,7 +87,7 @@ async def test_child_answer_comes_back_as_the_tool_result() -> None:
     )
     parent = Agent(parent_model, tools=[helper(child)], system_prompt="You are the lead.")
 
-    turn = await parent.run_turn([], "what is the answer?")
+    turn = await parent.run("what is the answer?")
 
     assert isinstance(turn.outcome, Completed)
     assert turn.outcome.text == "It is 42."
@@ -168,7 +169,7 @@ async def test_child_failures_reach_the_parent_model() -> None:
     parent_model = ScriptedModel([tool_call("helper", {"task": "look it up"}), "Sorry."])
     parent = Agent(parent_model, tools=[helper(child)])
 
-    turn = await parent.run_turn([], "go")
+    turn = await parent.run("go")
 
     assert isinstance(turn.outcome, Completed)
     assert results_of(turn.messages[2]) == [
@@ -200,7 +201,7 @@ async def test_a_grandchild_reports_to_its_own_parent() -> None:
     parent_model = ScriptedModel([tool_call("helper", {"task": "ask around"}), "done"])
     parent = Agent(parent_model, tools=[helper(child)])
 
-    turn = await parent.run_turn([], "go")
+    turn = await parent.run("go")
 
     assert isinstance(turn.outcome, Completed)
     # the grandchild (1 reply) counts for the child (2 replies), the child for the parent (2)
@@ -227,10 +228,10 @@ async def test_cancelling_the_parent_cancels_the_child() -> None:
     parent = Agent(parent_model, tools=[helper(child)])
     token = CancelToken()
 
-    run = asyncio.create_task(parent.run("go", cancel=token))
+    run = asyncio.create_task(parent.run("go", options=RunOptions(cancel=token)))
     await asyncio.wait_for(child_started.wait(), 5)
     token.cancel("the user left")
-    outcome = await asyncio.wait_for(run, 5)
+    outcome = (await asyncio.wait_for(run, 5)).outcome
 
     assert isinstance(outcome, Cancelled)
     assert outcome.reason == "the user left"
@@ -257,7 +258,7 @@ async def test_parallel_helpers_run_together() -> None:
         [[tool_call("helper", {"task": "a"}), tool_call("helper", {"task": "b"})], "both done"]
     )
     parent = Agent(parent_model, tools=[helper(child)])
-    outcome = await parent.run("go")
+    outcome = (await parent.run("go")).outcome
     assert isinstance(outcome, Completed)
     assert most == 2
     assert outcome.usage == USAGE + USAGE + USAGE + USAGE
@@ -270,7 +271,7 @@ async def test_the_child_usage_counts_against_the_parent_budget() -> None:
     child = Agent(ScriptedModel([big]))
     parent_model = ScriptedModel([tool_call("helper", {"task": "research"}), "never asked"])
     parent = Agent(parent_model, tools=[helper(child)], max_tokens=31_500)
-    outcome = await parent.run("go")
+    outcome = (await parent.run("go")).outcome
     assert isinstance(outcome, BudgetExhausted)
     assert outcome.reason == "tokens"
     assert len(parent_model.requests) == 1

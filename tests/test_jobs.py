@@ -21,29 +21,34 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from arq.connections import create_pool
 from arq.jobs import Job
 from arq.worker import Retry
 from fastapi import FastAPI
+from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.ids import new_run_id
 from agent_plugin.jobs import (
     AGENT_RESUME,
     AGENT_RUN,
-    AgentResumeArgs,
-    AgentRunArgs,
     JobOptions,
-    _Keeper,
-    _loads,
+    RunArgs,
     agent_run,
     progress_of,
-    run_args,
+    runtime_of,
 )
+from agent_plugin.jobs.args import checked_run_id
+from agent_plugin.jobs.attempt import Keeper
+from agent_plugin.jobs.redis import loads
+from agent_plugin.jobs.upkeep import Upkeep
 from agent_plugin.live import stream_key
 from agent_plugin.messages import Role
+from agent_plugin.options import AgentOverrides
 from agent_plugin.outcomes import ApprovalDecision
-from agent_plugin.plugin import AgentPlugin, AgentRuntimeHandle
 from agent_plugin.sessions import InMemorySessionStore, MessageEntry
+from agent_plugin.web import AgentPlugin, AppAgent
 from tests.jobs_app import (
     JobsEnv,
     Line,
@@ -73,8 +78,8 @@ class Served:
     client: httpx.AsyncClient
 
     @property
-    def handle(self) -> AgentRuntimeHandle:
-        return AgentRuntimeHandle(self.app.state.agent_runtime)
+    def handle(self) -> AppAgent:
+        return self.plugin.agent(self.app)
 
 
 @asynccontextmanager
@@ -206,7 +211,7 @@ def test_progress_formula() -> None:
 
 async def test_a_delayed_run_waits_its_time(served: Served) -> None:
     _, prompt = plan(answer="later")
-    run_id = await served.handle.enqueue_run_in(1.0, prompt)
+    run_id = (await served.handle.enqueue(prompt, delay=1.0)).run_id
     path = f"/agent/runs/{run_id}"
     await asyncio.sleep(0.3)
     assert (await served.client.get(path)).json()["status"] == "queued"
@@ -269,7 +274,7 @@ async def test_decisions_that_cannot_be_queued_leave_the_run_awaiting_them(
     paused = await poll(served.client, path)
     assert paused["status"] == "awaiting_approval"
     [call] = [a["call_id"] for a in paused["awaiting"]]
-    queue = served.handle.runtime.jobs
+    queue = served.handle.jobs
     assert queue is not None
     redis = await queue.redis()
 
@@ -300,7 +305,7 @@ async def test_a_stale_delivery_of_a_decided_run_leaves_the_approved_calls_to_th
     run_id = path.rsplit("/", 1)[1]
     paused = await poll(served.client, path)
     [call] = [a["call_id"] for a in paused["awaiting"]]
-    queue = served.handle.runtime.jobs
+    queue = served.handle.jobs
     assert queue is not None
     # decisions accepted, and the paused run's own job delivered again (its worker had died
     # before arq ended it) before the resume job runs
@@ -319,13 +324,13 @@ async def test_a_stale_delivery_of_a_decided_run_leaves_the_approved_calls_to_th
 
 
 async def _job(redis: Any, job_id: str, env: JobsEnv) -> Job:
-    return Job(job_id, redis, _queue_name=env.queue, _deserializer=_loads)
+    return Job(job_id, redis, _queue_name=env.queue, _deserializer=loads)
 
 
 async def test_a_run_whose_job_cannot_be_queued_is_not_recorded_and_can_be_enqueued_again(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    queue = served.handle.runtime.jobs
+    queue = served.handle.jobs
     assert queue is not None
     redis = await queue.redis()
 
@@ -333,14 +338,14 @@ async def test_a_run_whose_job_cannot_be_queued_is_not_recorded_and_can_be_enque
         raise RedisConnectionError("Connection refused")
 
     _, prompt = plan()
-    args = AgentRunArgs(prompt=prompt)  # a follow-up's or a tick's id is derived: the same again
+    run_id = new_run_id()  # a follow-up's or a tick's id is derived: the same again
     monkeypatch.setattr(redis, "enqueue_job", redis_blip)
     with pytest.raises(AgentError) as caught:
-        await served.plugin.enqueue_run_tracked(args)
+        await served.handle.enqueue(prompt, run_id=run_id)
     assert caught.value.kind is ErrorKind.UNAVAILABLE
-    assert (await served.client.get(queue.status_path(args.run_id))).status_code == 404
+    assert (await served.client.get(queue.handle(run_id).status_path)).status_code == 404
     monkeypatch.undo()
-    handle = await served.plugin.enqueue_run_tracked(args)
+    handle = await served.handle.enqueue(prompt, run_id=run_id)
     assert (await poll(served.client, handle.status_path))["status"] == "complete"
 
 
@@ -370,19 +375,19 @@ async def test_unknown_runs_answer_404(served: Served) -> None:
 
 async def test_enqueueing_the_same_run_twice_is_a_no_op(served: Served, env: JobsEnv) -> None:
     tag, prompt = plan(rounds=[[["effect", "once"]]])
-    args = AgentRunArgs(prompt=prompt)
+    run_id = new_run_id()
     first, second = await asyncio.gather(
-        served.plugin.enqueue_run_tracked(args), served.plugin.enqueue_run_tracked(args)
+        served.handle.enqueue(prompt, run_id=run_id), served.handle.enqueue(prompt, run_id=run_id)
     )
     assert first == second
-    assert first.run_id == args.run_id
+    assert first.run_id == run_id
     record = await poll(served.client, first.status_path)
     assert record["status"] == "complete"
-    again = await served.handle.enqueue_run(args)  # after it finished: still the same run
-    assert again == args.run_id
+    again = await served.handle.enqueue(prompt, run_id=run_id)  # after it finished: the same
+    assert again.run_id == run_id
     await asyncio.sleep(0.4)
     assert len([x for x in env.lines("model_start") if x.args[0] == tag]) == 2  # one run, 2 calls
-    assert len(tool_lines(env, args.run_id)) == 1
+    assert len(tool_lines(env, run_id)) == 1
     assert (await served.client.get(first.status_path)).json()["attempt"] == 1
 
 
@@ -392,10 +397,10 @@ async def test_a_claim_its_worker_never_renewed_is_cut_to_the_lease(
     # a worker SIGKILLed between arq's claim (an in-progress key living the whole job timeout)
     # and the delivery's first renewal: the sweeper cuts the claim, another delivery runs it
     _, prompt = plan(rounds=[[["effect", "once"]]])
-    args = AgentRunArgs(prompt=prompt)
-    claim = f"arq:in-progress:{args.run_id}"
+    run_id = new_run_id()
+    claim = f"arq:in-progress:{run_id}"
     await redis_client.psetex(claim, 600_000, b"1")  # as arq's start_jobs leaves it
-    handle = await served.plugin.enqueue_run_tracked(args)
+    handle = await served.handle.enqueue(prompt, run_id=run_id)
     lease_ms = 2000  # JOBS_TEST_LEASE
     deadline = time.monotonic() + 10
     while (ttl := await redis_client.pttl(claim)) > lease_ms:
@@ -403,20 +408,20 @@ async def test_a_claim_its_worker_never_renewed_is_cut_to_the_lease(
         await asyncio.sleep(0.05)
     record = await poll(served.client, handle.status_path, within=20)
     assert record["status"] == "complete"
-    assert len(tool_lines(env, args.run_id)) == 1
+    assert len(tool_lines(env, run_id)) == 1
 
 
 async def test_the_sweeper_leaves_other_jobs_and_renewed_claims_alone(
     served: Served, env: JobsEnv, redis_client: aioredis.Redis
 ) -> None:
-    queue = served.handle.runtime.jobs
+    queue = served.handle.jobs
     assert queue is not None
     redis = await queue.redis()
     other = "someone-elses-job"  # not an agent job: its long claim is its worker's business
     await redis.enqueue_job("send_newsletter", _job_id=other, _queue_name=env.queue)
     await redis_client.psetex(f"arq:in-progress:{other}", 600_000, b"1")
     try:
-        assert await queue.release_abandoned_claims(redis) == []
+        assert await Upkeep(redis, queue.store, queue.options).release_abandoned_claims() == []
         assert await redis_client.pttl(f"arq:in-progress:{other}") > 500_000
     finally:
         await redis_client.zrem(env.queue, other)
@@ -439,26 +444,16 @@ async def test_the_status_outlives_arqs_own_result(
     assert record["outcome"]["text"] == "kept after 0 rounds"
 
 
-async def test_a_job_enqueued_by_hand_with_its_arguments_gets_a_record(
-    served: Served, redis_client: aioredis.Redis, env: JobsEnv
+async def test_a_job_enqueued_by_hand_for_a_run_without_a_record_does_nothing(
+    served: Served, env: JobsEnv
 ) -> None:
-    """A producer outside the app may enqueue ``agent_run`` with the arguments' JSON."""
-    _, prompt = plan(answer="by hand")
-    args = AgentRunArgs(prompt=prompt, origin="followup", followup_depth=1)
-    jobs = served.handle.jobs
-    arq = await jobs.redis()
-    job = await arq.enqueue_job(
-        AGENT_RUN, args.model_dump_json(), _job_id=args.run_id, _queue_name=env.queue
-    )
+    """A run is recorded by its enqueue; a job for a run id with no record ends ``unknown``."""
+    run_id = new_run_id()
+    arq = await served.handle.jobs.redis()
+    job = await arq.enqueue_job(AGENT_RUN, run_id, _job_id=run_id, _queue_name=env.queue)
     assert job is not None
-    deadline = time.monotonic() + 10
-    while (await served.client.get(f"/agent/runs/{args.run_id}")).status_code == 404:
-        assert time.monotonic() < deadline, "the worker never recorded the run"
-        await asyncio.sleep(0.05)
-    record = await poll(served.client, f"/agent/runs/{args.run_id}")
-    assert record["status"] == "complete"
-    assert record["origin"] == "followup"
-    assert record["outcome"]["text"] == "by hand after 0 rounds"
+    assert await job.result(timeout=10) == {"run_id": run_id, "status": "unknown"}
+    assert (await served.client.get(f"/agent/runs/{run_id}")).status_code == 404
 
 
 # --- retries --------------------------------------------------------------------------------
@@ -536,7 +531,7 @@ async def test_two_runs_for_one_session_never_interleave(
     (a0, a1), (b0, b1) = span(tag_a), span(tag_b)
     assert a1 < b0 or b1 < a0, "the two runs overlapped"
 
-    store = served.app.state.agent_runtime.session_store
+    store = served.handle.runtime.session_store
     messages = [e.message for e in await store.entries(session) if isinstance(e, MessageEntry)]
     assert len(messages) == 12  # two turns of user, 3 x assistant, 2 x tool
     users = [i for i, m in enumerate(messages) if m.role is Role.USER]
@@ -587,8 +582,8 @@ async def test_cancelling_a_queued_run_frees_its_session_for_the_reject_policy(
     session = f"c-{time.monotonic_ns()}"
     async with serve(env, AGENT_SESSION_LOCK="reject") as served:
         _, prompt = plan()
-        args = AgentRunArgs(prompt=prompt, session=session)
-        run_id = await served.handle.enqueue_run_in(600, args)  # queued, holding the session
+        queued = await served.handle.enqueue(prompt, session=session, delay=600)
+        run_id = queued.run_id  # queued, holding the session
         _, other = plan()
         busy = await served.client.post("/agent/runs", json={"prompt": other, "session": session})
         assert busy.status_code == 409
@@ -613,9 +608,9 @@ async def test_an_unreachable_redis_is_a_typed_error_naming_the_url_without_pass
     port = closed_port()
     url = f"redis://:hunter2@127.0.0.1:{port}/0"
     async with serve(env, AGENT_REDIS_URL=url) as served:
-        args = AgentRunArgs(prompt="hello")
+        run_id = new_run_id()
         with pytest.raises(AgentError) as caught:
-            await served.plugin.enqueue_run(args)
+            await served.handle.enqueue("hello", run_id=run_id)
         error = caught.value
         assert error.kind is ErrorKind.UNAVAILABLE
         assert f"redis://:***@127.0.0.1:{port}/0" in error.message
@@ -625,13 +620,13 @@ async def test_an_unreachable_redis_is_a_typed_error_naming_the_url_without_pass
         assert "hunter2" not in response.text
         assert response.json()["kind"] == "unavailable"
         # nothing was recorded for a run that never reached the queue
-        assert (await served.client.get(f"/agent/runs/{args.run_id}")).status_code == 404
+        assert (await served.client.get(f"/agent/runs/{run_id}")).status_code == 404
 
 
 async def test_the_enqueue_api_needs_a_running_plugin_with_background_runs(env: JobsEnv) -> None:
     plugin = make_plugin(env.environ)
     with pytest.raises(AgentError) as caught:
-        await plugin.enqueue_run("hello")
+        plugin.agent(make_app(plugin))  # not started
     assert caught.value.kind is ErrorKind.UNAVAILABLE
     assert "not installed" in caught.value.message
 
@@ -642,10 +637,10 @@ async def test_the_enqueue_api_needs_a_running_plugin_with_background_runs(env: 
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as client,
     ):
-        assert app.state.agent_runtime.jobs is None
-        assert app.state.agent_runtime.database is None
+        assert off.agent(app).queue is None
+        assert off.agent(app).runtime.database is None
         with pytest.raises(AgentError) as caught:
-            await off.enqueue_run("hello")
+            await off.agent(app).enqueue("hello")
         assert caught.value.kind is ErrorKind.CONFIG
         assert (await client.get("/agent/runs/run_x")).status_code == 404  # no such route
     with pytest.raises(AgentError, match="jobs=True"):
@@ -662,44 +657,42 @@ async def test_a_job_without_the_plugin_is_unavailable() -> None:
 # --- arguments and worker settings (no worker needed) ---------------------------------------
 
 
-def test_run_args_defaults_and_old_payloads() -> None:
-    args = AgentRunArgs.model_validate_json('{"prompt": "hi"}')
+def test_run_args_defaults_round_trip_and_refuse_unknown_fields() -> None:
+    args = RunArgs.model_validate_json('{"prompt": "hi"}')
     assert args.prompt == "hi"
-    assert args.system_prompt is None
-    assert args.max_steps is None
-    assert args.session is None
-    assert args.memory_scope is None
+    assert args.overrides == AgentOverrides()
+    assert args.overrides.system_prompt is None
+    assert args.overrides.max_steps is None
+    assert args.overrides.session is None
+    assert args.overrides.memory_scope is None
+    assert args.overrides.followup_depth == 0
+    assert args.overrides.read_only is False
     assert args.deliver is False
     assert args.origin == "request"
-    assert args.followup_depth == 0
-    assert args.run_id.startswith("run_")
-    again = AgentRunArgs.model_validate_json(args.model_dump_json())
-    assert again == args  # the run id is minted once and travels with the arguments
-    assert AgentRunArgs(prompt="a").run_id != AgentRunArgs(prompt="a").run_id
-    newer = AgentRunArgs.model_validate({"prompt": "hi", "added_later": 1})
-    assert newer.prompt == "hi"
-    resume = AgentResumeArgs.model_validate({"run_id": "run_1"})
-    assert resume.decisions == []
+    assert RunArgs.model_validate_json(args.model_dump_json()) == args
+    with pytest.raises(ValidationError):
+        RunArgs.model_validate({"prompt": "hi", "added_later": 1})
 
 
-def test_run_args_from_a_prompt_or_args_with_fields() -> None:
-    built = run_args("hi", session="s", max_steps=3, run_id="my-run.1")
-    assert (built.prompt, built.session, built.max_steps, built.run_id) == (
-        "hi",
-        "s",
-        3,
-        "my-run.1",
-    )
-    base = AgentRunArgs(prompt="x")
-    assert run_args(base) is base
-    assert run_args(base, memory_scope="u1").run_id == base.run_id
-    for bad in ({"max_steps": 0}, {"run_id": "has space"}, {"origin": "cron"}, {"session": ""}):
+def test_run_args_are_checked_with_errors_naming_the_field() -> None:
+    built = RunArgs.checked("hi", overrides={"session": "s", "max_steps": 3})
+    assert (built.prompt, built.overrides.session, built.overrides.max_steps) == ("hi", "s", 3)
+    assert checked_run_id("my-run.1") == "my-run.1"
+    assert checked_run_id(None).startswith("run_")
+    assert checked_run_id(None) != checked_run_id(None)
+    for overrides in ({"max_steps": 0}, {"session": ""}):
         with pytest.raises(AgentError) as caught:
-            run_args("hi", **bad)
+            RunArgs.checked("hi", overrides=overrides)
         assert caught.value.kind is ErrorKind.CONFIG
-        assert next(iter(bad)) in caught.value.message
+        assert next(iter(overrides)) in caught.value.message
+    with pytest.raises(AgentError) as caught:
+        RunArgs.checked("hi", origin="cron")  # type: ignore[arg-type]
+    assert "origin" in caught.value.message
+    with pytest.raises(AgentError) as caught:
+        checked_run_id("has space")
+    assert "run_id" in caught.value.message
     with pytest.raises(AgentError):
-        run_args("")
+        RunArgs.checked("")
 
 
 def test_job_options_are_checked_and_backoff_grows() -> None:
@@ -738,18 +731,17 @@ async def test_a_run_started_more_often_than_max_deliveries_fails(
     served: Served, env: JobsEnv
 ) -> None:
     _, prompt = plan(rounds=[[["effect", "once"]]])
-    args = AgentRunArgs(prompt=prompt)
-    queue = served.handle.runtime.jobs
-    assert queue is not None
-    await queue.store.create(args.run_id, origin="job", args=args.model_dump(mode="json"))
+    run_id, args = new_run_id(), RunArgs(prompt=prompt)
+    queue = served.handle.jobs
+    await queue.store.create(run_id, origin="job", args=args.model_dump(mode="json"))
     for _ in range(20):  # JOBS_TEST_MAX_DELIVERIES deliveries whose workers all died
-        await queue.store.start(args.run_id)
+        await queue.store.start(run_id)
     redis = await queue.redis()
-    await redis.enqueue_job(AGENT_RUN, args.run_id, _job_id=args.run_id, _queue_name=env.queue)
-    record = await poll(served.client, queue.status_path(args.run_id))
+    await redis.enqueue_job(AGENT_RUN, run_id, _job_id=run_id, _queue_name=env.queue)
+    record = await poll(served.client, queue.handle(run_id).status_path)
     assert record["status"] == "failed"
     assert "started 20 times without finishing" in record["error"]["message"]
-    assert tool_lines(env, args.run_id) == []
+    assert tool_lines(env, run_id) == []
 
 
 async def test_a_redelivery_ends_the_event_stream_its_first_delivery_left_open(
@@ -757,16 +749,15 @@ async def test_a_redelivery_ends_the_event_stream_its_first_delivery_left_open(
 ) -> None:
     # the first delivery's worker died between recording the end and publishing run_end
     _, prompt = plan()
-    args = AgentRunArgs(prompt=prompt)
-    queue = served.handle.runtime.jobs
-    assert queue is not None
-    await queue.store.create(args.run_id, origin="job", args=args.model_dump(mode="json"))
+    run_id, args = new_run_id(), RunArgs(prompt=prompt)
+    queue = served.handle.jobs
+    await queue.store.create(run_id, origin="job", args=args.model_dump(mode="json"))
     error = AgentError(ErrorKind.PROVIDER, "the model said no")
-    await queue.store.fail(args.run_id, error.info())
-    key = stream_key(args.run_id, queue.options.live_prefix)
+    await queue.store.fail(run_id, error.info())
+    key = stream_key(run_id, queue.options.live_prefix)
     await redis_client.xadd(key, {"type": "run_start", "data": "{}"})
     redis = await queue.redis()
-    await redis.enqueue_job(AGENT_RUN, args.run_id, _job_id=args.run_id, _queue_name=env.queue)
+    await redis.enqueue_job(AGENT_RUN, run_id, _job_id=run_id, _queue_name=env.queue)
     deadline = time.monotonic() + 10
     while (last := await redis_client.xrevrange(key, count=1))[0][1][b"type"] != b"run_end":
         assert time.monotonic() < deadline, last
@@ -786,7 +777,7 @@ async def test_a_live_delivery_keeps_its_claim_even_when_the_key_is_deleted(
     async def run_lease() -> None:
         renewals.append(time.monotonic())
 
-    async with _Keeper(redis_client, job_id, 0.3, run_lease):  # type: ignore[arg-type]
+    async with Keeper(redis_client, job_id, 0.3, run_lease):  # type: ignore[arg-type]
         assert 0 < await redis_client.pttl(key) <= 300
         await redis_client.delete(key)  # a superseded delivery of the same job ended
         await asyncio.sleep(0.25)
@@ -816,7 +807,7 @@ async def test_a_redis_outage_does_not_stop_the_runs_lease_in_the_database() -> 
     async def run_lease() -> None:
         renewals.append(time.monotonic())
 
-    async with _Keeper(redis, "job", 0.3, run_lease):  # type: ignore[arg-type]
+    async with Keeper(redis, "job", 0.3, run_lease):  # type: ignore[arg-type]
         await asyncio.sleep(0.75)
     assert redis.calls >= 2  # the claim's renewal hung on Redis ...
     assert len(renewals) >= 4, renewals  # ... while the run's lease was renewed every lease/3
@@ -837,17 +828,19 @@ async def test_a_delivery_that_cannot_reach_the_database_is_tried_again_later(
 ) -> None:
     database = tmp_path / "gone.db"
     plugin = make_plugin({**env.environ, "AGENT_DATABASE_URL": f"sqlite+aiosqlite:///{database}"})
-    runtime = await plugin.start()
+    settings = plugin.worker_settings()
+    redis = await create_pool(settings.redis_settings)
+    ctx: dict[str, Any] = {"redis": redis, "job_id": "run_gone", "job_try": 1}
+    await settings.on_startup(ctx)
     try:
-        assert runtime.jobs is not None
+        runtime = runtime_of(ctx)
         assert runtime.database is not None
-        redis = await runtime.jobs.redis()
         await runtime.database.dispose()
         # the next connection finds an empty database: no tables
         await asyncio.to_thread(remove_files, tmp_path, "gone.db*")
-        ctx = {"redis": redis, "job_id": "run_gone", "job_try": 1, "agent_runtime": runtime}
         with pytest.raises(Retry) as caught:
             await agent_run(ctx, "run_gone")
         assert caught.value.defer_score == 2000  # one lease
     finally:
-        await runtime.aclose()
+        await settings.on_shutdown(ctx)
+        await redis.aclose()

@@ -29,8 +29,8 @@ import httpx
 import pytest
 import redis
 
-from agent_plugin.plugin import AgentPlugin, AgentRuntimeHandle
 from agent_plugin.sessions import MessageEntry
+from agent_plugin.web import AgentPlugin, AppAgent
 from tests.jobs_app import (
     JobsEnv,
     Line,
@@ -58,7 +58,7 @@ FINISHED = ("complete", "failed", "cancelled")
 class Served:
     plugin: AgentPlugin
     client: httpx.AsyncClient
-    handle: AgentRuntimeHandle
+    handle: AppAgent
 
 
 @asynccontextmanager
@@ -69,7 +69,7 @@ async def serve(env: JobsEnv) -> AsyncIterator[Served]:
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client,
     ):
-        yield Served(plugin, client, AgentRuntimeHandle(app.state.agent_runtime))
+        yield Served(plugin, client, plugin.agent(app))
 
 
 def statuses(env: JobsEnv) -> dict[str, str]:
@@ -113,7 +113,7 @@ class Feeder:
                 "tool_delay": TOOL_DELAY,
             }
         )
-        handle = await self.served.handle.enqueue_run_tracked(prompt, session=session)
+        handle = await self.served.handle.enqueue(prompt, session=session)
         calls = sum(len(r) for r in rounds)
         self.planned[handle.run_id] = Planned(handle.run_id, tag, calls, session)
 
@@ -469,9 +469,11 @@ async def test_a_redis_restart_loses_no_tracked_run(tmp_path: Path) -> None:
     try:
         async with serve(env) as served:
             # runs queued while no worker is up: now, delayed, and in a session
-            queued = [await served.handle.enqueue_run(p) for p in runs(6, "q")]
-            queued += [await served.handle.enqueue_run_in(1.0, p) for p in runs(2, "d")]
-            queued += [await served.handle.enqueue_run(p, session="restart") for p in runs(2, "s")]
+            queued = [(await served.handle.enqueue(p)).run_id for p in runs(6, "q")]
+            queued += [(await served.handle.enqueue(p, delay=1.0)).run_id for p in runs(2, "d")]
+            queued += [
+                (await served.handle.enqueue(p, session="restart")).run_id for p in runs(2, "s")
+            ]
             assert server.queued(env.queue) == len(queued)
             server.restart()
             assert server.queued(env.queue) == len(queued)  # the queue survived
@@ -480,7 +482,7 @@ async def test_a_redis_restart_loses_no_tracked_run(tmp_path: Path) -> None:
 
             # runs in progress and queued behind them while Redis restarts under the worker
             busy = [
-                await served.handle.enqueue_run(p)
+                (await served.handle.enqueue(p)).run_id
                 for p in runs(8, "b", model_delay=0.3, tool_delay=0.2)
             ]
             for _ in range(1000):  # until the worker has taken the first jobs
@@ -511,15 +513,17 @@ async def test_a_redis_that_forgets_everything_loses_no_run_and_doubles_no_call(
     server.start()
     try:
         async with serve(env) as served:
-            queued = [await served.handle.enqueue_run(p) for p in runs(4, "q")]
-            queued += [await served.handle.enqueue_run(p, session="forget") for p in runs(2, "s")]
+            queued = [(await served.handle.enqueue(p)).run_id for p in runs(4, "q")]
+            queued += [
+                (await served.handle.enqueue(p, session="forget")).run_id for p in runs(2, "s")
+            ]
             server.restart()
             assert server.queued(env.queue) == 0  # the queue is gone
             worker.start()
             first = await wait_all(env, queued, within=60)
 
             busy = [
-                await served.handle.enqueue_run(p)
+                (await served.handle.enqueue(p)).run_id
                 for p in runs(6, "b", model_delay=0.5, tool_delay=1.5)
             ]
             for _ in range(1000):  # until the worker runs its first three
@@ -549,7 +553,7 @@ async def test_a_claim_that_vanished_takes_no_run_from_its_live_worker(tmp_path:
             for worker in workers:
                 worker.start()
             busy = [
-                await served.handle.enqueue_run(p)
+                (await served.handle.enqueue(p)).run_id
                 for p in runs(4, "o", model_delay=0.2, tool_delay=4.0)
             ]
             for _ in range(1000):  # until every run's tool call is under way

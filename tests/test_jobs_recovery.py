@@ -9,14 +9,12 @@ a SQLite database, the deliveries in this process or in a worker process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 from unittest.mock import patch
 
 import pytest
@@ -24,13 +22,22 @@ import sqlalchemy as sa
 from arq.worker import Retry
 
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.jobs import AGENT_RUN, AgentRunArgs, RunQueue, SessionLock, agent_run
+from agent_plugin.ids import new_run_id
+from agent_plugin.jobs import AGENT_RUN, RunArgs, SessionLock, agent_run
 from agent_plugin.messages import TokenUsage
 from agent_plugin.outcomes import Completed
-from agent_plugin.plugin import AgentRuntime
+from agent_plugin.records import RunStatus
 from agent_plugin.storage.models import RunRow, utcnow
-from agent_plugin.storage.runs import RunStatus
-from tests.jobs_app import LOG_ENV, JobsEnv, WorkerProcess, clean_redis, jobs_env, make_plugin
+from tests.jobs_app import (
+    LOG_ENV,
+    InProcess,
+    JobsEnv,
+    WorkerProcess,
+    clean_redis,
+    in_process,
+    jobs_env,
+    make_plugin,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,26 +53,11 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobsEnv]:
         clean_redis(environment)
 
 
-@dataclass
-class Here:
-    """A runtime in this process: its queue, its arq connection and a worker's job context."""
-
-    runtime: AgentRuntime
-    queue: RunQueue
-    redis: Any
-
-    def ctx(self, job_id: str) -> dict[str, Any]:
-        return {"redis": self.redis, "job_id": job_id, "job_try": 1, "agent_runtime": self.runtime}
+Here = InProcess
 
 
-@asynccontextmanager
-async def here(env: JobsEnv) -> AsyncIterator[Here]:
-    runtime = await make_plugin(env.environ).start()
-    try:
-        assert runtime.jobs is not None
-        yield Here(runtime, runtime.jobs, await runtime.jobs.redis())
-    finally:
-        await runtime.aclose()
+def here(env: JobsEnv) -> contextlib.AbstractAsyncContextManager[InProcess]:
+    return in_process(make_plugin(env.environ))
 
 
 def prompt(tag: str, *rounds: list[list[str]], tool_delay: float = 0.0) -> str:
@@ -75,22 +67,24 @@ def prompt(tag: str, *rounds: list[list[str]], tool_delay: float = 0.0) -> str:
 async def record_only(here: Here, text: str, *, age: float = 5.0) -> str:
     """A run recorded as queued ``age`` seconds ago whose job never reached Redis (the app
     died in between, or Redis lost it)."""
-    args = AgentRunArgs(prompt=text)
-    await here.queue.store.create(args.run_id, origin="request", args=args.model_dump(mode="json"))
-    await backdate(here, args.run_id, age)
-    return args.run_id
+    run_id = new_run_id()
+    await here.jobs.store.create(
+        run_id, origin="request", args=RunArgs(prompt=text).model_dump(mode="json")
+    )
+    await backdate(here, run_id, age)
+    return run_id
 
 
 async def backdate(here: Here, run_id: str, age: float) -> None:
     then = utcnow() - timedelta(seconds=age)
-    async with here.queue.store.database.write() as conn:
+    async with here.jobs.store.database.write() as conn:
         await conn.execute(sa.update(RunRow).where(RunRow.run_id == run_id).values(updated_at=then))
 
 
 async def wait_for(here: Here, run_id: str, *, within: float = 20.0) -> RunStatus:
     deadline = time.monotonic() + within
     while True:
-        record = await here.queue.get(run_id)
+        record = await here.jobs.get(run_id)
         if record.status.finished or record.status is RunStatus.AWAITING_APPROVAL:
             return record.status
         assert time.monotonic() < deadline, record
@@ -108,9 +102,9 @@ async def test_a_run_whose_job_is_missing_gets_it_back_once(env: JobsEnv) -> Non
     async with here(env) as h:
         lost = await record_only(h, prompt("lost", [["effect", "a"]]))
         fresh = await record_only(h, prompt("fresh", [["effect", "b"]]), age=0)
-        assert await h.queue.reconcile(h.redis) == [lost]  # not the one recorded just now
+        assert await h.upkeep.reconcile() == [lost]  # not the one recorded just now
         assert await h.redis.zscore(env.queue, lost) is not None
-        assert await h.queue.reconcile(h.redis) == []  # it has its job now
+        assert await h.upkeep.reconcile() == []  # it has its job now
         assert await h.redis.zscore(env.queue, fresh) is None
 
 
@@ -122,29 +116,29 @@ async def test_a_result_left_by_an_earlier_delivery_does_not_block_the_restore(
         # arq keeps a result per job id and refuses to enqueue that id again while it does
         await h.redis.set(f"arq:result:{run_id}", b"{}", ex=3600)
         assert await h.redis.enqueue_job(AGENT_RUN, run_id, _job_id=run_id) is None
-        assert await h.queue.reconcile(h.redis) == [run_id]
+        assert await h.upkeep.reconcile() == [run_id]
         assert await h.redis.exists(f"arq:job:{run_id}")
 
 
 async def test_a_lost_job_due_later_is_restored_once_it_is_due(env: JobsEnv) -> None:
     async with here(env) as h:
-        later = AgentRunArgs(prompt=prompt("later", [["effect", "a"]]))
-        await h.queue.enqueue(later, defer=3600)  # booked for an hour from now
+        later = new_run_id()
+        await h.jobs.enqueue(later, RunArgs(prompt=prompt("later", [["effect", "a"]])), delay=3600)
         retried = await record_only(h, prompt("backoff", [["effect", "b"]]))
-        await h.queue.store.start(retried, job_id=retried, lease=1)
-        await h.queue.store.requeue(retried, attempt=1, not_before=30)  # a retry's backoff
-        await backdate(h, later.run_id, 5)
+        await h.jobs.store.start(retried, job_id=retried, lease=1)
+        await h.jobs.store.requeue(retried, attempt=1, not_before=30)  # a retry's backoff
+        await backdate(h, later, 5)
         await backdate(h, retried, 5)
-        await h.redis.delete(env.queue, f"arq:job:{later.run_id}")  # Redis lost both jobs
-        assert await h.queue.reconcile(h.redis) == []  # neither is due: nothing to run yet
-        async with h.queue.store.database.write() as conn:  # ... until their time has come
+        await h.redis.delete(env.queue, f"arq:job:{later}")  # Redis lost both jobs
+        assert await h.upkeep.reconcile() == []  # neither is due: nothing to run yet
+        async with h.jobs.store.database.write() as conn:  # ... until their time has come
             await conn.execute(
                 sa.update(RunRow)
-                .where(RunRow.run_id.in_([later.run_id, retried]))
+                .where(RunRow.run_id.in_([later, retried]))
                 .values(lease_until=utcnow() - timedelta(seconds=2))
             )
-        assert sorted(await h.queue.reconcile(h.redis)) == sorted([later.run_id, retried])
-        for run_id in (later.run_id, retried):
+        assert sorted(await h.upkeep.reconcile()) == sorted([later, retried])
+        for run_id in (later, retried):
             score = await h.redis.zscore(env.queue, run_id)
             assert score is not None
             assert score - time.time() * 1000 < 1000  # due now, not in 30 s or an hour
@@ -154,22 +148,22 @@ async def test_reconciling_goes_past_a_page_of_runs_that_have_their_job(env: Job
     async with here(env) as h:
         healthy = []
         for i in range(5):  # queued, waiting for a worker, with their jobs in Redis
-            args = AgentRunArgs(prompt=prompt(f"h{i}", [["effect", "a"]]))
-            await h.queue.enqueue(args)
-            await backdate(h, args.run_id, 10)
-            healthy.append(args.run_id)
+            run_id = new_run_id()
+            await h.jobs.enqueue(run_id, RunArgs(prompt=prompt(f"h{i}", [["effect", "a"]])))
+            await backdate(h, run_id, 10)
+            healthy.append(run_id)
         lost = await record_only(h, prompt("lost", [["effect", "b"]]), age=5)  # the newest
-        with patch("agent_plugin.jobs._RECONCILE_PAGE", 2):
-            assert await h.queue.reconcile(h.redis) == [lost]
+        with patch("agent_plugin.jobs.upkeep.RECONCILE_PAGE", 2):
+            assert await h.upkeep.reconcile() == [lost]
 
 
 async def test_runs_held_or_claimed_or_paused_are_left_alone(env: JobsEnv) -> None:
     async with here(env) as h:
         held = await record_only(h, prompt("held", [["effect", "a"]]))
-        await h.queue.store.start(held, job_id=held, lease=30)  # a live worker runs it
+        await h.jobs.store.start(held, job_id=held, lease=30)  # a live worker runs it
         claimed = await record_only(h, prompt("claimed", [["effect", "b"]]))
         await h.redis.set(f"arq:in-progress:{claimed}", b"1", px=10_000)  # arq's claim
-        assert await h.queue.reconcile(h.redis) == []
+        assert await h.upkeep.reconcile() == []
 
 
 async def test_a_worker_queues_a_lost_run_again_and_it_completes(env: JobsEnv) -> None:
@@ -191,8 +185,8 @@ async def test_a_run_redis_forgot_mid_way_continues_from_its_checkpoints(env: Jo
     worker = WorkerProcess(env)
     async with here(env) as h:
         text = prompt("forgot", [["effect", "one"]], [["effect", "two"]], tool_delay=0.5)
-        handle = await h.queue.enqueue(AgentRunArgs(prompt=text))
-        run_id = handle.run_id
+        run_id = new_run_id()
+        await h.jobs.enqueue(run_id, RunArgs(prompt=text))
         worker.start()
         try:
             deadline = time.monotonic() + 20
@@ -203,12 +197,12 @@ async def test_a_run_redis_forgot_mid_way_continues_from_its_checkpoints(env: Jo
             await h.redis.delete(
                 env.queue, f"arq:job:{run_id}", f"arq:in-progress:{run_id}", f"arq:retry:{run_id}"
             )
-            assert (await h.queue.get(run_id)).status is RunStatus.IN_PROGRESS
+            assert (await h.jobs.get(run_id)).status is RunStatus.IN_PROGRESS
             worker.start()
             assert await wait_for(h, run_id) is RunStatus.COMPLETE
         finally:
             worker.stop()
-        record = await h.queue.get(run_id)
+        record = await h.jobs.get(run_id)
     assert record.attempt == 2
     # "one" finished before the worker died and never ran again; "two" was in flight
     assert executions(env, run_id) == [("effect", "one"), ("effect", "two"), ("effect", "two")]
@@ -220,13 +214,13 @@ async def test_a_run_redis_forgot_mid_way_continues_from_its_checkpoints(env: Jo
 async def test_a_delivery_does_not_take_over_a_run_a_live_worker_holds(env: JobsEnv) -> None:
     async with here(env) as h:
         run_id = await record_only(h, prompt("live", [["effect", "a"]]), age=0)
-        await h.queue.store.start(run_id, job_id=run_id, lease=30)  # held by a live delivery
+        await h.jobs.store.start(run_id, job_id=run_id, lease=30)  # held by a live delivery
         # this job's claim in Redis vanished (Redis restarted), so arq delivers it again
         with pytest.raises(Retry) as caught:
-            await agent_run(h.ctx(run_id), run_id)
+            await agent_run(h.job_ctx(run_id), run_id)
         assert caught.value.defer_score is not None
         assert 29_000 < caught.value.defer_score <= 30_200  # when the lease would run out
-        record = await h.queue.get(run_id)
+        record = await h.jobs.get(run_id)
         assert (record.status, record.attempt) == (RunStatus.IN_PROGRESS, 1)
     assert executions(env, run_id) == []
 
@@ -234,13 +228,13 @@ async def test_a_delivery_does_not_take_over_a_run_a_live_worker_holds(env: Jobs
 async def test_a_retry_that_comes_early_waits_for_its_backoff(env: JobsEnv) -> None:
     async with here(env) as h:
         run_id = await record_only(h, prompt("early", [["effect", "a"]]), age=0)
-        await h.queue.store.start(run_id, job_id=run_id, lease=30)
-        await h.queue.store.requeue(run_id, attempt=1, not_before=5)  # its worker then died
+        await h.jobs.store.start(run_id, job_id=run_id, lease=30)
+        await h.jobs.store.requeue(run_id, attempt=1, not_before=5)  # its worker then died
         with pytest.raises(Retry) as caught:
-            await agent_run(h.ctx(run_id), run_id)
+            await agent_run(h.job_ctx(run_id), run_id)
         assert caught.value.defer_score is not None
         assert 4_000 < caught.value.defer_score <= 5_200
-        assert (await h.queue.get(run_id)).status is RunStatus.QUEUED
+        assert (await h.jobs.get(run_id)).status is RunStatus.QUEUED
     assert executions(env, run_id) == []
 
 
@@ -248,18 +242,18 @@ async def test_a_delivery_whose_run_was_taken_over_stops_at_once(env: JobsEnv) -
     async with here(env) as h:
         text = json.dumps({"tag": "taken", "rounds": [[["effect", "one"]]], "model_delay": 3.0})
         run_id = await record_only(h, text, age=0)
-        delivery = asyncio.create_task(agent_run(h.ctx(run_id), run_id))
+        delivery = asyncio.create_task(agent_run(h.job_ctx(run_id), run_id))
         deadline = time.monotonic() + 10
         while not env.lines("model_start"):  # the model call is under way
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
-        async with h.queue.store.database.write() as conn:  # another delivery took it over
+        async with h.jobs.store.database.write() as conn:  # another delivery took it over
             await conn.execute(
                 sa.update(RunRow).where(RunRow.run_id == run_id).values(attempt=RunRow.attempt + 1)
             )
         with pytest.raises(Retry):  # the job stays queued under the delivery that has it now
             await asyncio.wait_for(delivery, 10)
-        record = await h.queue.get(run_id)
+        record = await h.jobs.get(run_id)
         assert (record.status, record.attempt) == (RunStatus.IN_PROGRESS, 2)
     # its lease renewal found the run gone and cancelled the model call mid-way
     assert env.lines("model_end") == []
@@ -270,23 +264,23 @@ async def test_a_run_that_cannot_start_fails_instead_of_coming_back(env: JobsEnv
     async with here(env) as h:
         session = f"poison-{time.monotonic_ns()}"
         run_id = await session_run(h, session, "poison")
-        lock = SessionLock(h.redis, session, run_id, prefix=h.queue.options.key_prefix)
+        lock = SessionLock(h.redis, session, run_id, prefix=h.jobs.options.key_prefix)
         assert await lock.claim(1800) == 1  # taken at enqueue (session_lock = "reject")
-        async with h.queue.store.database.write() as conn:  # arguments no version can read
+        async with h.jobs.store.database.write() as conn:  # arguments no version can read
             await conn.execute(
                 sa.update(RunRow).where(RunRow.run_id == run_id).values(args={"prompt": 5})
             )
         for delivery in range(1, 4):  # max_attempts deliveries: a newer worker may read them
             with pytest.raises(AgentError) as caught:
-                await agent_run(h.ctx(run_id), run_id)
+                await agent_run(h.job_ctx(run_id), run_id)
             assert caught.value.kind is ErrorKind.DECODE
-            record = await h.queue.get(run_id)
+            record = await h.jobs.get(run_id)
             assert record.status is (RunStatus.FAILED if delivery == 3 else RunStatus.QUEUED)
         assert record.error is not None
         assert "do not decode" in record.error.message
         assert await lock.holder() is None  # the session is free again
         await backdate(h, run_id, 5)
-        assert await h.queue.reconcile(h.redis) == []  # not delivered again and again
+        assert await h.upkeep.reconcile() == []  # not delivered again and again
 
 
 async def test_a_redelivery_of_an_ended_run_frees_the_lock_its_worker_left(
@@ -295,31 +289,32 @@ async def test_a_redelivery_of_an_ended_run_frees_the_lock_its_worker_left(
     async with here(env) as h:
         session = f"left-{time.monotonic_ns()}"
         run_id = await session_run(h, session, "left")
-        await h.queue.store.start(run_id, job_id=run_id, lease=30)
-        await h.queue.store.finish(run_id, Completed(text="x", steps_used=1, usage=TokenUsage()))
-        lock = SessionLock(h.redis, session, run_id, prefix=h.queue.options.key_prefix)
+        await h.jobs.store.start(run_id, job_id=run_id, lease=30)
+        await h.jobs.store.finish(run_id, Completed(text="x", steps_used=1, usage=TokenUsage()))
+        lock = SessionLock(h.redis, session, run_id, prefix=h.jobs.options.key_prefix)
         assert await lock.claim(30) == 1  # its worker died before releasing it
-        result = await agent_run(h.ctx(run_id), run_id)  # the job, delivered again
+        result = await agent_run(h.job_ctx(run_id), run_id)  # the job, delivered again
         assert result == {"run_id": run_id, "status": "complete"}
         assert await lock.holder() is None
 
 
 async def session_run(h: Here, session: str, tag: str) -> str:
-    args = AgentRunArgs(prompt=prompt(tag, [["effect", tag]]), session=session)
-    await h.queue.store.create(
-        args.run_id, origin="request", args=args.model_dump(mode="json"), session_id=session
+    run_id = new_run_id()
+    args = RunArgs.checked(prompt(tag, [["effect", tag]]), overrides={"session": session})
+    await h.jobs.store.create(
+        run_id, origin="request", args=args.model_dump(mode="json"), session_id=session
     )
-    return args.run_id
+    return run_id
 
 
 async def test_a_stale_delivery_leaves_the_session_lock_of_the_live_run(env: JobsEnv) -> None:
     async with here(env) as h:
         session = f"stale-{time.monotonic_ns()}"
         run_id = await session_run(h, session, "live")
-        lock = SessionLock(h.redis, session, run_id, prefix=h.queue.options.key_prefix)
+        lock = SessionLock(h.redis, session, run_id, prefix=h.jobs.options.key_prefix)
         assert await lock.claim(30) == 1
-        await h.queue.store.start(run_id, job_id=run_id, lease=30)  # a live delivery runs it
-        result = await agent_run(h.ctx(f"{run_id}:stale"), run_id)  # another job's delivery
+        await h.jobs.store.start(run_id, job_id=run_id, lease=30)  # a live delivery runs it
+        result = await agent_run(h.job_ctx(f"{run_id}:stale"), run_id)  # another job's delivery
         assert result == {"run_id": run_id, "status": "in_progress"}
         assert await lock.holder() == run_id  # still the live run's
 
@@ -328,13 +323,13 @@ async def test_a_delivery_stopped_before_it_started_leaves_the_run_alone(env: Jo
     async with here(env) as h:
         session = f"stop-{time.monotonic_ns()}"
         other = await session_run(h, session, "other")
-        await h.queue.store.start(other, job_id=other, lease=30)  # the session is busy
+        await h.jobs.store.start(other, job_id=other, lease=30)  # the session is busy
         run_id = await session_run(h, session, "mine")
-        await h.queue.store.start(run_id, job_id=run_id, lease=30)  # held by a live delivery
-        waiting = asyncio.create_task(agent_run(h.ctx(run_id), run_id))  # its claim vanished
+        await h.jobs.store.start(run_id, job_id=run_id, lease=30)  # held by a live delivery
+        waiting = asyncio.create_task(agent_run(h.job_ctx(run_id), run_id))  # its claim vanished
         await asyncio.sleep(0.3)  # it waits for the session
         waiting.cancel()  # the worker shuts down
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        record = await h.queue.get(run_id)
+        record = await h.jobs.get(run_id)
         assert (record.status, record.attempt) == (RunStatus.IN_PROGRESS, 1)  # not requeued

@@ -9,6 +9,7 @@ import pytest
 from agent_plugin.agent import Agent
 from agent_plugin.journal import InMemoryJournal, journal_entry_adapter, recover
 from agent_plugin.messages import Role, ToolResultPart
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import Allowed, Completed, Finished
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
 from agent_plugin.tools import FnTool
@@ -49,7 +50,7 @@ async def test_a_crash_mid_round_reruns_only_the_call_in_flight() -> None:
     model = ScriptedModel(script())
     agent = Agent(model, tools=[counter.tool()], parallel_tool_calls=False)
     with pytest.raises(Crash):
-        await agent.run_turn([], "go", run_id="r1", journal=journal)
+        await agent.run("go", options=RunOptions(run_id="r1", journal=journal))
     assert counter.calls == ["a"]
 
     state = recover(journal.entries)
@@ -60,7 +61,7 @@ async def test_a_crash_mid_round_reruns_only_the_call_in_flight() -> None:
     # a new process: the remaining replies, no memory of the first attempt
     retry_model = ScriptedModel(script()[1:])
     retry = Agent(retry_model, tools=[counter.tool()], parallel_tool_calls=False)
-    turn = await retry.resume(state, journal=journal)
+    turn = await retry.resume(state, options=RunOptions(journal=journal))
     assert isinstance(turn.outcome, Completed)
     assert turn.outcome.text == "all done"
     assert counter.calls == ["a", "b", "c"]  # a ran once; b, in flight at the crash, once more
@@ -85,13 +86,15 @@ async def test_a_crash_between_steps_asks_the_model_for_the_next_reply_only() ->
 
     agent = Agent(ScriptedModel([replies[0], die]), tools=[counter.tool()])
     with pytest.raises(Crash):
-        await agent.run_turn([], "go", run_id="r2", journal=journal)
+        await agent.run("go", options=RunOptions(run_id="r2", journal=journal))
     state = recover(journal.entries)
     assert state is not None
     assert state.pending == []
     assert state.steps_used == 1
     retry_model = ScriptedModel(replies[1:])
-    turn = await Agent(retry_model, tools=[counter.tool()]).resume(state, journal=journal)
+    turn = await Agent(retry_model, tools=[counter.tool()]).resume(
+        state, options=RunOptions(journal=journal)
+    )
     assert isinstance(turn.outcome, Completed)
     assert counter.calls == ["a", "b", "c"]
     assert turn.outcome.steps_used == 2
@@ -100,7 +103,9 @@ async def test_a_crash_between_steps_asks_the_model_for_the_next_reply_only() ->
 async def test_a_run_recovered_after_its_answer_completes_without_a_model_call() -> None:
     journal = InMemoryJournal()
     counter = Counter()
-    await Agent(ScriptedModel(script()), tools=[counter.tool()]).run_turn([], "go", journal=journal)
+    await Agent(ScriptedModel(script()), tools=[counter.tool()]).run(
+        "go", options=RunOptions(journal=journal)
+    )
     state = recover(journal.entries)
     assert state is not None
     model = ScriptedModel()
@@ -113,8 +118,8 @@ async def test_a_run_recovered_after_its_answer_completes_without_a_model_call()
 
 async def test_journal_entries_round_trip_as_json() -> None:
     journal = InMemoryJournal()
-    await Agent(ScriptedModel(script()), tools=[Counter().tool()]).run_turn(
-        [], "go", journal=journal
+    await Agent(ScriptedModel(script()), tools=[Counter().tool()]).run(
+        "go", options=RunOptions(journal=journal)
     )
     kinds = [e.kind for e in journal.entries]
     assert kinds[0] == "started"

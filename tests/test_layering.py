@@ -11,9 +11,9 @@ import agent_plugin
 
 BLOCKED = ("fastapi", "starlette", "arq", "redis", "sqlalchemy", "alembic")
 ADAPTERS = (
-    "agent_plugin.plugin",
-    "agent_plugin.health",
+    "agent_plugin.web",
     "agent_plugin.jobs",
+    "agent_plugin.runtime",
     "agent_plugin.storage",
     "agent_plugin.live",
 )

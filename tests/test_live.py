@@ -32,7 +32,6 @@ from starlette.routing import Route
 
 from agent_plugin.agent import Agent
 from agent_plugin.cancellation import CancelToken
-from agent_plugin.console import CONSOLE_HEADERS, CONSOLE_SCRIPT, console_page
 from agent_plugin.events import (
     AgentEvent,
     ModelResponded,
@@ -49,25 +48,26 @@ from agent_plugin.events import (
 )
 from agent_plugin.live import (
     ControlWatcher,
+    DeltaGuard,
     RunControlChannel,
     RunEventStream,
-    _DeltaGuard,
-    _safe_cut,
     caught_up_with_end,
+    open_events,
     parse_event_id,
     public_payload,
     read_events,
-    replay_response,
-    run_events_response,
     stream_key,
     watch,
 )
 from agent_plugin.messages import ChatMessage, Role, StopReason, TextPart, TokenUsage
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import Cancelled, Completed
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
 from agent_plugin.redaction import REDACTED
 from agent_plugin.steering import Steering
 from agent_plugin.tools import FnTool
+from agent_plugin.web.console import CONSOLE_HEADERS, CONSOLE_SCRIPT, console_page
+from agent_plugin.web.sse import sse_response
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 CANARY_KEY = "sk-ant-" + "Q7f2Lm9XcV4bN8pR3tY6wZ1kA9b3C7"
@@ -378,7 +378,11 @@ async def test_an_unreachable_redis_loses_events_but_never_the_run() -> None:
     stream = RunEventStream(client, "down")
     async with stream.publisher() as sink:
         sink.retry_delays = (0.01,)
-        outcome = await Agent(ScriptedModel(["fine"])).run("go", run_id="down", on_event=sink)
+        outcome = (
+            await Agent(ScriptedModel(["fine"])).run(
+                "go", options=RunOptions(run_id="down", on_event=sink)
+            )
+        ).outcome
     assert isinstance(outcome, Completed)
     assert sink.dropped >= 3
     await client.aclose()
@@ -441,16 +445,20 @@ async def test_a_secret_split_over_text_deltas_is_never_published(
 
 
 def test_held_text_is_cut_at_word_starts_outside_any_secret() -> None:
-    assert _safe_cut("one two") == 0
-    assert _safe_cut("one two three four") == 4
-    assert _safe_cut("alpha password = hunt") == 6  # before the assignment
-    assert _safe_cut("x Bearer abcdefghijklmnop y z") == 2
+    def published(text: str) -> str:
+        out = DeltaGuard().feed(TextDeltaEvent(run_id="r", text=text))
+        return "".join(e.text for e in out if isinstance(e, TextDeltaEvent))
+
+    assert published("one two") == ""
+    assert published("one two three four") == "one "
+    assert published("alpha password = hunt") == "alpha "  # before the assignment
+    assert published("x Bearer abcdefghijklmnop y z") == "x "
     long = "a" * 10_000
-    assert 0 < _safe_cut(long) < len(long)
+    assert 0 < len(published(long)) < len(long)
 
 
 def test_held_text_keeps_the_order_of_text_and_thinking() -> None:
-    guard = _DeltaGuard()
+    guard = DeltaGuard()
     out = guard.feed(ThinkingDeltaEvent(run_id="r", text="let me think"))
     out += guard.feed(TextDeltaEvent(run_id="r", text="The answer"))
     out += guard.feed(TextDeltaEvent(run_id="r", text=" is 42 as you see"))
@@ -502,8 +510,8 @@ async def test_canary_key_and_password_in_tool_arguments_and_results_never_reach
             seen.append(event)
             publish(event)
 
-        turn = await Agent(model, tools=tools).run_turn(
-            [], "log in", run_id="canary", on_event=sink, stream=True
+        turn = await Agent(model, tools=tools).run(
+            "log in", options=RunOptions(run_id="canary", on_event=sink, stream=True)
         )
     assert isinstance(turn.outcome, Completed)
     in_process = "".join(e.model_dump_json() for e in seen)
@@ -534,23 +542,27 @@ def events_app(redis: aioredis.Redis, prefix: str, *, keepalive: float = 0.2) ->
         run_id = request.path_params["run_id"]
         last = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
         follow = request.query_params.get("follow") in ("1", "true")
-        if parse_event_id(last) is not None and await caught_up_with_end(
-            redis, run_id, last, prefix=prefix
-        ):
-            return Response(status_code=204)
-        return run_events_response(
+        if last is not None and parse_event_id(last) is None:
+            return Response(status_code=400)
+        events = await open_events(
             redis,
             run_id,
+            ended=None,
             last_event_id=last,
             follow=follow,
-            keepalive=keepalive,
             block_ms=500,
             prefix=prefix,
         )
+        if events is None:
+            return Response(status_code=204)
+        return sse_response(events, keepalive=keepalive)
 
     async def expired(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        return replay_response([end(run_id, text=f"the key was {CANARY_KEY}")])
+        ended = end(run_id, text=f"the key was {CANARY_KEY}")
+        events = await open_events(redis, run_id, ended=ended, prefix=prefix)
+        assert events is not None
+        return sse_response(events, retry_ms=None)
 
     return Starlette(
         routes=[
@@ -715,6 +727,7 @@ WORKER = textwrap.dedent(
     from agent_plugin.agent import Agent
     from agent_plugin.cancellation import CancelToken
     from agent_plugin.live import RunEventStream, watch
+    from agent_plugin.options import RunOptions
     from agent_plugin.providers.scripted import ScriptedModel, tool_call
     from agent_plugin.steering import Steering
     from agent_plugin.tools import FnTool
@@ -733,7 +746,8 @@ WORKER = textwrap.dedent(
         async with stream.publisher() as sink, watch(
             redis, run_id, token, steering, prefix=prefix, poll=30
         ):
-            turn = await agent.run_turn([], "go", run_id=run_id, cancel=token, on_event=sink)
+            options = RunOptions(run_id=run_id, cancel=token, on_event=sink)
+            turn = await agent.run("go", options=options)
         results = [
             p.tool_result.content for m in turn.messages for p in m.content
             if hasattr(p, "tool_result")
@@ -794,7 +808,7 @@ async def test_a_cancel_requested_before_the_worker_starts_is_seen_at_once(
     async with watch(redis, "early", token, prefix=prefix, poll=30):
         assert token.cancelled
         assert token.reason == "too late"
-        outcome = await Agent(model).run("go", cancel=token)
+        outcome = (await Agent(model).run("go", options=RunOptions(cancel=token))).outcome
     assert isinstance(outcome, Cancelled)
     assert outcome.reason == "too late"
     assert model.requests == []
@@ -822,9 +836,14 @@ async def test_a_steering_message_joins_before_the_next_model_call(
             stream.publisher() as sink,
             watch(worker_redis, "steer", token, steering, prefix=prefix, poll=30),
         ):
-            return await agent.run(
-                "go", run_id="steer", cancel=token, steering=steering, on_event=sink
-            )
+            return (
+                await agent.run(
+                    "go",
+                    options=RunOptions(
+                        run_id="steer", cancel=token, steering=steering, on_event=sink
+                    ),
+                )
+            ).outcome
 
     task = asyncio.ensure_future(worker())
     try:

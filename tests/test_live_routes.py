@@ -22,8 +22,9 @@ import httpx
 import pytest
 
 from agent_plugin import live
-from agent_plugin.plugin import AgentRuntimeHandle
-from agent_plugin.storage import RunRecord
+from agent_plugin.jobs import queue as queue_module
+from agent_plugin.records import RunRecord
+from agent_plugin.web import AppAgent
 from tests.jobs_app import JobsEnv, jobs_env, make_app, make_plugin, worker_serving
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,19 +39,20 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobsEnv]:
 
 @asynccontextmanager
 async def serve(env: JobsEnv, **install: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = make_app(make_plugin(env.environ), runs_route=True, **install)
+    plugin = make_plugin(env.environ)
+    app = make_app(plugin, runs_route=True, **install)
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client,
     ):
-        HANDLES[id(client)] = AgentRuntimeHandle(app.state.agent_runtime)
+        HANDLES[id(client)] = plugin.agent(app)
         try:
             yield client
         finally:
             HANDLES.pop(id(client), None)
 
 
-HANDLES: dict[int, AgentRuntimeHandle] = {}
+HANDLES: dict[int, AppAgent] = {}
 """The runtime handle of each served client's app, by the client's id."""
 
 
@@ -208,7 +210,8 @@ async def test_a_running_run_is_cancelled_mid_tool(client: httpx.AsyncClient, en
 async def test_a_queued_run_is_cancelled_at_once_and_its_readers_see_the_end(
     client: httpx.AsyncClient, env: JobsEnv
 ) -> None:
-    run_id = await HANDLES[id(client)].enqueue_run_in(30, plan(rounds=[[["effect", "never"]]]))
+    queued = await HANDLES[id(client)].enqueue(plan(rounds=[[["effect", "never"]]]), delay=30)
+    run_id = queued.run_id
     reader = asyncio.create_task(events(client, run_id))
     await asyncio.sleep(0.2)
     response = await client.post(f"/agent/runs/{run_id}/cancel")
@@ -273,8 +276,8 @@ async def test_the_console_is_off_by_default_and_served_when_on(
 async def quick(env: JobsEnv, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncClient]:
     """A client of an app whose readers look at the run's record every 0.2 s while nothing
     arrives (every 15 s by default)."""
-    checking = functools.partial(live.run_events_response, check_every=0.2)
-    monkeypatch.setattr(live, "run_events_response", checking)  # what the routes import
+    checking = functools.partial(live.open_events, check_every=0.2)
+    monkeypatch.setattr(queue_module, "open_events", checking)  # what the routes call
     async with serve(env) as value:
         yield value
 

@@ -18,21 +18,17 @@ from pydantic import BaseModel
 
 from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.health import NOT_STARTED, AgentHealth, ComponentHealth
+from agent_plugin.options import AgentOverrides
 from agent_plugin.outcomes import ApprovalDecision, AwaitingApproval, Completed, RunState
-from agent_plugin.plugin import (
-    PROBLEM_TYPE_PREFIX,
-    AgentHandle,
-    AgentPlugin,
-    AgentRuntime,
-    AgentRuntimeHandle,
-)
 from agent_plugin.policy import ToolRules
 from agent_plugin.providers.base import ChatRequest, LlmClient
 from agent_plugin.providers.lean import LeanTransport
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
+from agent_plugin.runtime import AgentRuntime
 from agent_plugin.sessions import InMemorySessionStore
 from agent_plugin.tools import ToolEffect, tool
+from agent_plugin.web import PROBLEM_TYPE_PREFIX, AgentHandle, AgentPlugin
+from agent_plugin.web.health import NOT_STARTED, AgentHealth, ComponentHealth
 from tests.httpserver import Hang, HttpServer, reply_json
 
 SCRIPTED = '[agent]\nprovider = "scripted"\n'
@@ -88,6 +84,13 @@ class ResumeBody(BaseModel):
     decisions: list[ApprovalDecision] = []
 
 
+def running(app: FastAPI) -> AgentRuntime:
+    """The runtime the app's plugin started."""
+    runtime = app.state.agent_plugin.runtime(app)
+    assert runtime is not None
+    return runtime
+
+
 def make_app(plugin: AgentPlugin | None, **install: Any) -> FastAPI:
     """An app with one route per handle method (this test app trusts a client's RunState)."""
     app = FastAPI()
@@ -96,24 +99,25 @@ def make_app(plugin: AgentPlugin | None, **install: Any) -> FastAPI:
 
     @app.post("/run")
     async def run(body: Prompt, agent: AgentHandle) -> dict[str, Any]:
-        return (await agent.run(body.prompt)).model_dump(mode="json")
+        return (await agent.run(body.prompt)).outcome.model_dump(mode="json")
 
     @app.post("/chat/{session}")
     async def chat(session: str, body: Prompt, agent: AgentHandle) -> dict[str, Any]:
-        return (await agent.chat(session, body.prompt)).model_dump(mode="json")
+        return (await agent.chat(session, body.prompt)).outcome.model_dump(mode="json")
 
     @app.post("/chat-as/{scope}/{session}")
     async def chat_as(scope: str, session: str, body: Prompt, agent: AgentHandle) -> Any:
-        return (await agent.chat_as(scope, session, body.prompt)).model_dump(mode="json")
+        turn = await agent.chat(session, body.prompt, scope=scope)
+        return turn.outcome.model_dump(mode="json")
 
     @app.post("/resume")
     async def resume(body: ResumeBody, agent: AgentHandle) -> dict[str, Any]:
-        return (await agent.resume(body.state, body.decisions)).model_dump(mode="json")
+        return (await agent.resume(body.state, body.decisions)).outcome.model_dump(mode="json")
 
     @app.post("/resume-as/{scope}")
     async def resume_as(scope: str, body: ResumeBody, agent: AgentHandle) -> dict[str, Any]:
-        outcome = await agent.resume_as(scope, body.state, body.decisions)
-        return outcome.model_dump(mode="json")
+        turn = await agent.resume(body.state, body.decisions, scope=scope)
+        return turn.outcome.model_dump(mode="json")
 
     @app.get("/tool-names")
     async def tool_names(agent: AgentHandle) -> list[str]:
@@ -262,7 +266,7 @@ async def test_missing_key_for_a_public_host_fails_startup(tmp_path: Path) -> No
     )
     app = make_app(keyed)
     async with serve(app):
-        runtime = app.state.agent_runtime
+        runtime = running(app)
         assert runtime.client.provider_name == "anthropic"
         assert "sk-ant-x1" not in repr(runtime) + repr(runtime.client)
 
@@ -271,7 +275,7 @@ async def test_a_local_server_needs_no_key(tmp_path: Path) -> None:
     text = '[agent]\nprovider = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
     app = make_app(make_plugin(tmp_path, text))
     async with serve(app):
-        assert app.state.agent_runtime.client.provider_name == "openai-compatible"
+        assert running(app).client.provider_name == "openai-compatible"
 
 
 @pytest.mark.parametrize(
@@ -395,13 +399,13 @@ async def test_runtime_agent_follows_the_settings(tmp_path: Path) -> None:
     policy = ToolRules.read_only()
     app = make_app(make_plugin(tmp_path, text, tools=[get_weather], policy=policy))
     async with serve(app):
-        runtime: AgentRuntime = app.state.agent_runtime
-        agent = runtime.agent()
-        assert agent is runtime.agent()  # the default scope's agent is built once
+        runtime: AgentRuntime = running(app)
+        agent = runtime.agent_for()
+        assert agent is runtime.agent_for()  # the default scope's agent is built once
         assert (agent.budget.max_steps, agent.budget.max_tokens) == (4, 5000)
         assert (agent.system_prompt, agent.max_duration, agent.policy) == ("Hi", 30, policy)
         assert agent.model is runtime.client
-        assert runtime.agent("alice") is not agent
+        assert runtime.agent_for(AgentOverrides(memory_scope="alice")) is not agent
 
 
 async def test_chat_keeps_the_session(tmp_path: Path) -> None:
@@ -437,7 +441,7 @@ async def test_memory_scopes_and_skills_reach_the_agent(tmp_path: Path) -> None:
         assert first.json()["text"] == "Noted."
         second = await client.post("/chat-as/mark/s", json={"prompt": "who am I?"})
         assert second.json()["text"] == "Hello Mark."
-        store = app.state.agent_runtime.memory_store
+        store = running(app).memory_store
         assert type(store).__name__ == "SqlMemoryStore"
         (user,) = [b for b in await store.load("mark") if b.label == "user"]
         assert user.entries == ["name is Mark"]
@@ -511,7 +515,7 @@ async def test_stream_reports_an_error_before_the_run_starts(tmp_path: Path) -> 
 
     app = make_app(make_plugin(tmp_path, session_store=BrokenStore()))
     async with serve(app):
-        handle = AgentRuntimeHandle(app.state.agent_runtime)
+        handle = app.state.agent_plugin.agent(app)
         response = handle.stream("hi", session="s")
         text = "".join([str(chunk) async for chunk in response.body_iterator])
     (frame,) = sse_frames(text)
@@ -542,9 +546,9 @@ async def test_stream_disconnect_cancels_or_continues(tmp_path: Path) -> None:
     store = InMemorySessionStore()
     app = make_app(make_plugin(tmp_path, model=TrackedModel(), session_store=store))
     async with serve(app):
-        runtime: AgentRuntime = app.state.agent_runtime
+        runtime: AgentRuntime = running(app)
         runtime.client.default = gate  # type: ignore[attr-defined]
-        handle = AgentRuntimeHandle(runtime)
+        handle = app.state.agent_plugin.agent(app)
 
         cancelled = handle.stream("hi", session="cancel")
         assert "run_start" in await first_frame(cancelled)
@@ -629,10 +633,10 @@ async def test_the_apps_own_lifespan_runs_inside_the_plugins(tmp_path: Path) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
-        runtime = app.state.agent_runtime
+        runtime = running(app)
         log.append(f"app startup sees {runtime.client.provider_name}")
         yield {"token": 1}
-        log.append(f"app shutdown sees {app.state.agent_runtime is runtime}")
+        log.append(f"app shutdown sees {running(app) is runtime}")
 
     app = FastAPI(lifespan=lifespan)
     make_plugin(tmp_path, model=lambda s: Model()).install(app)
@@ -645,7 +649,7 @@ async def test_the_apps_own_lifespan_runs_inside_the_plugins(tmp_path: Path) -> 
         "app shutdown sees True",
         "plugin closed its client",
     ]
-    assert app.state.agent_runtime is None
+    assert app.state.agent_plugin.runtime(app) is None
 
 
 async def test_lifespan_given_to_fastapi_and_install_start_once(tmp_path: Path) -> None:
@@ -660,7 +664,7 @@ async def test_lifespan_given_to_fastapi_and_install_start_once(tmp_path: Path) 
     plugin.install(app)
     async with serve(app) as client:
         assert (await client.get("/agent/tools")).status_code == 200
-        assert plugin.runtime(app) is app.state.agent_runtime
+        assert plugin.runtime(app) is plugin.agent(app).runtime
     assert len(built) == 1
     assert plugin.runtime(app) is None
 
@@ -671,7 +675,7 @@ async def test_lifespan_alone_gives_routes_the_agent(tmp_path: Path) -> None:
 
     @app.get("/hi")
     async def hi(agent: AgentHandle) -> str:
-        outcome = await agent.run("hi")
+        outcome = (await agent.run("hi")).outcome
         assert isinstance(outcome, Completed)
         return outcome.text
 
@@ -777,8 +781,8 @@ async def test_check_uses_the_shared_runtime(tmp_path: Path) -> None:
     plugin = make_plugin(tmp_path, model=model, health=health)
     app = make_app(plugin)
     async with serve(app) as client:
-        runtime: AgentRuntime = app.state.agent_runtime
-        assert health.client is runtime.client is runtime.agent().model is model
+        runtime: AgentRuntime = running(app)
+        assert health.client is runtime.client is runtime.agent_for().model is model
         await asyncio.gather(*(client.get("/health") for _ in range(5)))
         assert model.listed == 1  # concurrent requests share one check; the answer is cached
         now[0] += 4.9

@@ -16,10 +16,13 @@ from zoneinfo import ZoneInfo
 import pytest
 from arq.cron import next_cron
 
+from agent_plugin import sessions
 from agent_plugin.agent import Agent
+from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import OutcomeSummary
 from agent_plugin.messages import ChatMessage, Role, TextPart, TokenUsage, ToolCall, ToolResultPart
+from agent_plugin.options import AgentOverrides, RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
     AwaitingApproval,
@@ -70,7 +73,8 @@ from agent_plugin.proactive import (
     webhook_signature,
 )
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
-from agent_plugin.sessions import InMemorySessionStore, run_in_session
+from agent_plugin.runtime import AgentRuntime
+from agent_plugin.sessions import InMemorySessionStore
 from agent_plugin.tools import FnTool, Tool, ToolContext, ToolEffect
 from tests.httpserver import Hang, HttpServer, RecordedRequest, Reply
 
@@ -145,25 +149,51 @@ def ctx(session_id: str | None = "chat-9") -> ToolContext:
     return ToolContext(run_id="run_parent", call_id="c1", session_id=session_id, step=2)
 
 
+def runtime_for(
+    model: ScriptedModel, tools: list[Tool] | None = None, policy: ToolPolicy | None = None
+) -> AgentRuntime:
+    """A runtime on ``model`` with in-memory sessions (what a worker runs agents with)."""
+    return AgentRuntime(
+        settings=AgentSettings(provider="scripted"),
+        client=model,
+        session_store=InMemorySessionStore(),
+        tools=tools or [],
+        policy=policy,
+    )
+
+
 class Runner:
     """What the jobs layer does for a tick: run the agent in the session, then deliver."""
 
-    def __init__(self, model: ScriptedModel, delivery: Any, tools: list[Tool] | None = None):
+    def __init__(
+        self,
+        model: ScriptedModel,
+        delivery: Any,
+        tools: list[Tool] | None = None,
+        policy: ToolPolicy | None = None,
+    ):
         self.model = model
         self.delivery = delivery
-        self.tools = tools or []
-        self.store = InMemorySessionStore()
+        self.runtime = runtime_for(model, tools, policy)
+        self.store = self.runtime.session_store
         self.policies: list[ToolPolicy] = []
 
     async def __call__(
-        self, prompt: str, session: str | None, memory_scope: str | None, policy: ToolPolicy
+        self, prompt: str, session: str | None, memory_scope: str | None, read_only: bool
     ) -> AgentOutcome:
-        self.policies.append(policy)
-        agent = Agent(self.model, tools=self.tools, policy=policy)
+        overrides = AgentOverrides(memory_scope=memory_scope, session=session, read_only=read_only)
+        agent = self.runtime.agent_for(overrides)
+        self.policies.append(agent.policy)
         if session is None:
-            outcome = await agent.run(prompt, run_id="run_tick")
+            outcome = (await agent.run(prompt, options=RunOptions(run_id="run_tick"))).outcome
         else:
-            turn = await run_in_session(agent, self.store, session, prompt, run_id="run_tick")
+            turn = await sessions.run(
+                agent,
+                prompt,
+                session=session,
+                store=self.store,
+                options=RunOptions(run_id="run_tick"),
+            )
             outcome = turn.outcome
         await deliver_outcome(
             self.delivery, outcome, source=ReportSource.HEARTBEAT, run_id="run_tick",
@@ -425,7 +455,7 @@ async def test_quiet_heartbeat_delivers_nothing() -> None:
     model = ScriptedModel([HEARTBEAT_OK])
     inbox = Inbox()
     runner = Runner(model, inbox)
-    result = await heartbeat_tick(Heartbeat.every(60), None, runner, app_policy=AllowAll())
+    result = await heartbeat_tick(Heartbeat.every(60), None, runner)
     assert result.status is TickStatus.STARTED
     assert result.started
     assert isinstance(result.run, Completed)
@@ -444,7 +474,7 @@ async def test_noteworthy_heartbeat_is_delivered_and_stays_read_only() -> None:
     inbox = Inbox()
     runner = Runner(model, inbox, [restart_tool(restarts)])
     heartbeat = Heartbeat.every(60, session="ops")
-    result = await heartbeat_tick(heartbeat, None, runner, app_policy=AllowAll())
+    result = await heartbeat_tick(heartbeat, None, runner)
     assert result.started
     assert restarts == [], "a read-only heartbeat must not act"
     denied = tool_results(model.requests[1].messages[-1])
@@ -464,7 +494,7 @@ async def test_allow_actions_lifts_the_read_only_rule_but_keeps_the_app_policy()
     model = ScriptedModel([tool_call("restart_server", {}), "Restarted."])
     runner = Runner(model, Inbox(), [restart_tool(restarts)])
     heartbeat = Heartbeat.every(60).allow_actions()
-    await heartbeat_tick(heartbeat, None, runner, app_policy=AllowAll())
+    await heartbeat_tick(heartbeat, None, runner)
     assert restarts == [1]
 
     # the app policy still applies, with or without the read-only rule
@@ -472,12 +502,14 @@ async def test_allow_actions_lifts_the_read_only_rule_but_keeps_the_app_policy()
     call = ToolCall(id="c", name="restart_server", arguments={})
     info = RunInfo(run_id="r", session_id=None, steps_used=0, max_steps=1, usage=USAGE)
     tool = restart_tool([])
-    read_only = Heartbeat.every(60).run_args_policy(asking)
+    runtime = runtime_for(ScriptedModel([]), policy=asking)
+    read_only = runtime.agent_for(AgentOverrides(read_only=Heartbeat.every(60).read_only)).policy
     assert isinstance(read_only, Strictest)
     assert isinstance(read_only.decide(call, None, info), RequireApproval)
     assert isinstance(read_only.decide(call, tool, info), Deny)
-    assert heartbeat.run_args_policy(asking) is asking
-    assert isinstance(heartbeat.run_args_policy(asking).decide(call, tool, info), RequireApproval)
+    actions = runtime.agent_for(AgentOverrides(read_only=heartbeat.read_only)).policy
+    assert actions is asking
+    assert isinstance(actions.decide(call, tool, info), RequireApproval)
 
     # internal tools (memory, follow-ups) pass the read-only rule
     followups = FollowupTool(_never_enqueue, max_delay=timedelta(hours=1))
@@ -500,7 +532,7 @@ async def test_precheck_skips_the_model_call() -> None:
 
     heartbeat = Heartbeat.every(60).precheck(nothing_new)
     state = object()
-    result = await heartbeat_tick(heartbeat, state, runner, app_policy=AllowAll())
+    result = await heartbeat_tick(heartbeat, state, runner)
     assert result.status is TickStatus.SKIPPED_PRECHECK
     assert not result.started
     assert result.run is None
@@ -510,10 +542,10 @@ async def test_precheck_skips_the_model_call() -> None:
 
     # a sync precheck works too, and True lets the tick run
     sync = Heartbeat.every(60).precheck(lambda state: state["orders"] > 0)
-    skipped = await heartbeat_tick(sync, {"orders": 0}, runner, app_policy=AllowAll())
+    skipped = await heartbeat_tick(sync, {"orders": 0}, runner)
     assert skipped.status is TickStatus.SKIPPED_PRECHECK
     assert model.requests == []
-    ran = await heartbeat_tick(sync, {"orders": 3}, runner, app_policy=AllowAll())
+    ran = await heartbeat_tick(sync, {"orders": 3}, runner)
     assert ran.started
     assert len(model.requests) == 1
 
@@ -526,7 +558,7 @@ async def test_a_failing_precheck_fails_the_tick_without_a_model_call() -> None:
 
     heartbeat = Heartbeat.every(60).precheck(broken)
     with pytest.raises(AgentError) as caught:
-        await heartbeat_tick(heartbeat, None, Runner(model, Inbox()), app_policy=AllowAll())
+        await heartbeat_tick(heartbeat, None, Runner(model, Inbox()))
     assert caught.value.kind is ErrorKind.INTERNAL
     assert "precheck failed: KeyError" in caught.value.message
     assert model.requests == []
@@ -547,14 +579,14 @@ async def test_a_busy_session_skips_the_tick() -> None:
         return True
 
     heartbeat = Heartbeat.every(60, session="ops").precheck(precheck)
-    result = await heartbeat_tick(heartbeat, None, runner, app_policy=AllowAll(), is_busy=busy)
+    result = await heartbeat_tick(heartbeat, None, runner, is_busy=busy)
     assert result.status is TickStatus.SKIPPED_BUSY
     assert asked == ["ops"]
     assert prechecked == []  # nothing else is asked
     assert model.requests == []
 
     free = Heartbeat.every(60, session="other")
-    result = await heartbeat_tick(free, None, runner, app_policy=AllowAll(), is_busy=busy)
+    result = await heartbeat_tick(free, None, runner, is_busy=busy)
     assert result.started
 
 
@@ -571,7 +603,7 @@ async def test_failed_delivery_is_logged_not_returned(caplog: pytest.LogCaptureF
     model = ScriptedModel(["Something happened."])
     runner = Runner(model, Broken())
     with caplog.at_level(logging.ERROR, logger="agent_plugin.delivery"):
-        result = await heartbeat_tick(Heartbeat.every(60), None, runner, app_policy=AllowAll())
+        result = await heartbeat_tick(Heartbeat.every(60), None, runner)
     assert result.started
     assert isinstance(result.run, Completed)
     [record] = [r for r in caplog.records if r.name == "agent_plugin.delivery"]
@@ -846,8 +878,12 @@ async def test_a_followup_is_booked_through_the_agent_loop() -> None:
         ]
     )
     tool = FollowupTool(enqueue, max_delay=timedelta(hours=1), depth=2, memory_scope="u1")
-    agent = Agent(model, tools=[tool], policy=Heartbeat.every(60).run_args_policy(AllowAll()))
-    outcome = await agent.run("Deploy is running", run_id="run_parent", session_id="chat-9")
+    agent = Agent(model, tools=[tool], policy=Strictest([AllowAll(), ToolRules.read_only()]))
+    outcome = (
+        await agent.run(
+            "Deploy is running", session_id="chat-9", options=RunOptions(run_id="run_parent")
+        )
+    ).outcome
     assert isinstance(outcome, Completed)
     [plan] = booked
     assert (plan.delay_seconds, plan.prompt, plan.depth) == (1200, "check the deploy", 3)
@@ -863,7 +899,7 @@ async def test_a_followup_is_booked_through_the_agent_loop() -> None:
     # the eleventh link of a chain is refused with the reference's text
     model = ScriptedModel([tool_call("schedule_followup", {"delay_minutes": 1, "prompt": "x"})])
     capped = FollowupTool(enqueue, max_delay=timedelta(hours=1), depth=MAX_CHAIN)
-    outcome = await Agent(model, tools=[capped]).run("again")
+    outcome = (await Agent(model, tools=[capped]).run("again")).outcome
     assert isinstance(outcome, Completed)
     [result] = tool_results(model.requests[1].messages[-1])
     assert json.loads(result) == {

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from agent_plugin import sessions
 from agent_plugin.agent import Agent
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import PendingApproval
@@ -39,6 +40,7 @@ from agent_plugin.journal import (
 )
 from agent_plugin.memory import AddOp
 from agent_plugin.messages import ChatMessage, TokenUsage
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
     ApprovalDecision,
@@ -54,16 +56,10 @@ from agent_plugin.outcomes import (
 )
 from agent_plugin.policy import ASK, ToolRules
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
+from agent_plugin.records import RunRecord, RunStatus, status_of
 from agent_plugin.redaction import REDACTED, redact_deep
 from agent_plugin.sessions import MessageEntry
-from agent_plugin.storage import (
-    Database,
-    RunRecord,
-    RunStatus,
-    SqlMemoryStore,
-    SqlRunStore,
-    SqlSessionStore,
-)
+from agent_plugin.storage import Database, SqlMemoryStore, SqlRunStore, SqlSessionStore
 from agent_plugin.storage import runs as runs_module
 from agent_plugin.storage.models import (
     JSON_TYPE,
@@ -73,7 +69,7 @@ from agent_plugin.storage.models import (
     UtcDateTime,
     utcnow,
 )
-from agent_plugin.storage.runs import StalledRun, database_now, status_of
+from agent_plugin.storage.runs import StalledRun, database_now
 from agent_plugin.tools import FnTool, ToolEffect
 from tests import test_storage
 from tests.store_conformance import report
@@ -157,9 +153,11 @@ async def paused_run(store: SqlRunStore, *, calls: int = 2) -> tuple[str, Awaiti
         [tool_call("send", {"to": f"p{i}", "password": SECRET}, id=f"s{i}") for i in range(calls)],
         "sent",
     ]
-    outcome = await sending_agent(ScriptedModel(script), []).run(
-        f"send it {TRANSCRIPT_MARKER}", run_id=run_id
-    )
+    outcome = (
+        await sending_agent(ScriptedModel(script), []).run(
+            f"send it {TRANSCRIPT_MARKER}", options=RunOptions(run_id=run_id)
+        )
+    ).outcome
     assert isinstance(outcome, AwaitingApproval)
     await store.finish(run_id, outcome)
     return run_id, outcome
@@ -197,7 +195,7 @@ async def test_create_is_idempotent_and_keeps_the_first_args(database: Database)
     assert record.started_at is None
     assert record.finished_at is None
     assert await store.get(new_run_id()) is None
-    assert await store.args(new_run_id()) is None
+    await refused(store.args(new_run_id()), ErrorKind.NOT_FOUND)
 
 
 async def test_bad_arguments_are_config_errors(database: Database) -> None:
@@ -234,7 +232,9 @@ async def test_a_run_goes_queued_in_progress_complete(database: Database) -> Non
 
     counter = Counter()
     agent = Agent(ScriptedModel(two_rounds()), tools=[counter.tool()])
-    outcome = await agent.run(f"count {TRANSCRIPT_MARKER} {SECRET}", run_id=run_id)
+    outcome = (
+        await agent.run(f"count {TRANSCRIPT_MARKER} {SECRET}", options=RunOptions(run_id=run_id))
+    ).outcome
     done = await store.finish(run_id, outcome)
     assert done.status is RunStatus.COMPLETE
     assert done.progress_pct == 100
@@ -663,11 +663,11 @@ async def test_the_sql_journal_replays_like_the_in_memory_one(database: Database
     record = await store.start(run_id)
     memory = InMemoryJournal()
     agent = Agent(ScriptedModel(two_rounds()), tools=[Counter().tool()])
-    await agent.run_turn(
-        [],
+    await agent.run(
         "count",
-        run_id=run_id,
-        journal=Tee(memory, store.journal(run_id, attempt=record.attempt)),
+        options=RunOptions(
+            run_id=run_id, journal=Tee(memory, store.journal(run_id, attempt=record.attempt))
+        ),
     )
     entries = await store.journal_entries(run_id)
     assert [e.kind for e in entries] == [
@@ -725,8 +725,9 @@ async def test_a_crashed_run_continues_from_its_checkpoints(database: Database) 
     model = ScriptedModel(two_rounds())
     agent = Agent(model, tools=[counter.tool()], parallel_tool_calls=False)
     with pytest.raises(Crash):
-        await agent.run_turn(
-            [], "count", run_id=run_id, journal=store.journal(run_id, attempt=first.attempt)
+        await agent.run(
+            "count",
+            options=RunOptions(run_id=run_id, journal=store.journal(run_id, attempt=first.attempt)),
         )
     assert counter.calls == ["a"]
 
@@ -738,7 +739,9 @@ async def test_a_crashed_run_continues_from_its_checkpoints(database: Database) 
     assert next(type(p.status) for p in state.pending) is Finished
     retry_model = ScriptedModel(two_rounds()[1:])
     retry = Agent(retry_model, tools=[counter.tool()], parallel_tool_calls=False)
-    turn = await retry.resume(state, journal=store.journal(run_id, attempt=second.attempt))
+    turn = await retry.resume(
+        state, options=RunOptions(journal=store.journal(run_id, attempt=second.attempt))
+    )
     assert isinstance(turn.outcome, Completed)
     assert turn.outcome.text == "all done"
     assert counter.calls == ["a", "b", "c"]  # a ran once; b (in flight at the crash) once more
@@ -823,8 +826,8 @@ async def test_a_progress_rule_writes_the_progress_with_its_checkpoint(
         return (250, f"after {entry.kind}") if isinstance(entry, RoundDone) else None
 
     journal = store.journal(run_id, attempt=started.attempt, progress=rule)
-    await Agent(ScriptedModel(two_rounds()), tools=[Counter().tool()]).run_turn(
-        [], "count", run_id=run_id, journal=journal
+    await Agent(ScriptedModel(two_rounds()), tools=[Counter().tool()]).run(
+        "count", options=RunOptions(run_id=run_id, journal=journal)
     )
     assert seen == [entry.kind for entry in await store.journal_entries(run_id)]
     record = await store.get(run_id)
@@ -881,8 +884,8 @@ async def test_clearing_the_journal(database: Database) -> None:
     run_id = new_run_id()
     await store.create(run_id, origin="request", args={})
     await store.start(run_id)
-    await Agent(ScriptedModel(["hi"])).run_turn(
-        [], "hi", run_id=run_id, journal=store.journal(run_id)
+    await Agent(ScriptedModel(["hi"])).run(
+        "hi", options=RunOptions(run_id=run_id, journal=store.journal(run_id))
     )
     error = await refused(store.clear_journal(run_id), ErrorKind.CONFLICT)
     assert "in_progress" in error.message
@@ -1040,12 +1043,13 @@ async def test_runs_recorded_before_0002_survive_the_upgrade(at_0001: Database) 
             )
         )
     await database.migrate()
-    assert await database.current_revision() == "0003"
+    assert await database.current_revision() == "0004"
     store = SqlRunStore(database)
     record = await store.get("old")
     assert record is not None
     assert (record.status, record.attempt, record.created_at) == (RunStatus.COMPLETE, 1, then)
-    assert await store.args("old") is None
+    error = await refused(store.args("old"), ErrorKind.DECODE)  # finished: never read again
+    assert "no stored arguments" in error.message
     assert await store.journal_entries("old") == []  # the old shape could never be replayed
     await refused(store.start("old"), ErrorKind.CONFLICT)
     # the journal's entries are stored; a kind this version does not know is a typed error
@@ -1096,18 +1100,18 @@ async def test_no_secret_reaches_any_table(database: Database) -> None:
     run_id = new_run_id()
     await store.create(run_id, origin="request", args={"prompt": f"password={CANARY_PASSWORD}"})
     record = await store.start(run_id)
-    turn = await agent.run_in_session(
-        SqlSessionStore(database),
-        session,
+    turn = await sessions.run(
+        agent,
         f"log in as ann with password: {CANARY_PASSWORD}",
-        run_id=run_id,
-        journal=store.journal(run_id, attempt=record.attempt),
+        session=session,
+        store=SqlSessionStore(database),
+        options=RunOptions(run_id=run_id, journal=store.journal(run_id, attempt=record.attempt)),
     )
     assert isinstance(turn.outcome, Completed)
     assert CANARY_KEY in turn.outcome.text  # the caller of a run in process gets it whole
     await store.finish(run_id, turn.outcome)
-    sessions = SqlSessionStore(database)
-    await sessions.append_compaction(
+    session_store = SqlSessionStore(database)
+    await session_store.append_compaction(
         session, f"the user's password: {CANARY_PASSWORD}", 2, report(), expected_version=4
     )
     failed = new_run_id()
@@ -1124,7 +1128,7 @@ async def test_no_secret_reaches_any_table(database: Database) -> None:
     assert REDACTED in rows
     assert "ann" in rows  # what is not secret is kept
     # and the session still reads back as a valid conversation, with the secrets redacted
-    entries = await sessions.entries(session)
+    entries = await session_store.entries(session)
     messages = [entry.message for entry in entries if isinstance(entry, MessageEntry)]
     assert [m.role for m in messages] == [m.role for m in turn.messages]
     assert messages[1].tool_calls[0].arguments == {
@@ -1161,7 +1165,7 @@ async def test_runs_recorded_before_0003_get_their_job_and_no_lease(at_0002: Dat
                 run_id="deciding", status="queued", attempt=1, decisions=decided, **common
             )
         )
-    await database.migrate()
+    await database.migrate("0003")
     assert await database.current_revision() == "0003"
     async with database.read() as conn:
         jobs = dict((await conn.execute(sa.select(RunRow.run_id, RunRow.job_id))).all())
@@ -1174,6 +1178,83 @@ async def test_runs_recorded_before_0003_get_their_job_and_no_lease(at_0002: Dat
     assert (await store.start("deciding", job_id="deciding:resume:1", resume=True)).attempt == 2
     await database.downgrade("0002")  # and back down
     assert await database.current_revision() == "0002"
+
+
+@pytest.fixture
+async def at_0003(backend: str, tmp_path: Path) -> AsyncIterator[Database]:
+    async with database_at("0003", backend, tmp_path) as database:
+        yield database
+
+
+RUNS_AT_0003 = sa.table(
+    "agent_runs",
+    *(sa.column(name) for name in ("run_id", "status", "origin", "progress_pct", "attempt")),
+    sa.column("session_id"),
+    sa.column("memory_scope"),
+    sa.column("args", JSON_TYPE),
+    sa.column("state", JSON_TYPE),
+    sa.column("created_at", UtcDateTime()),
+    sa.column("updated_at", UtcDateTime()),
+)
+
+
+async def test_runs_recorded_before_0004_keep_their_overrides_as_one_value(
+    at_0003: Database,
+) -> None:
+    database = at_0003
+    then = datetime(2026, 11, 1, 12, tzinfo=UTC)
+    common = {"progress_pct": 0, "attempt": 0, "created_at": then, "updated_at": then}
+    flat = {
+        "prompt": "check in",
+        "system_prompt": "Be brief.",
+        "max_steps": 3,
+        "session": "ops",
+        "memory_scope": "u1",
+        "deliver": True,
+        "origin": "heartbeat",
+        "run_id": "tick",
+        "followup_depth": 0,
+    }
+    paused_state = {"run_id": "paused", "messages": [], "pending": []}
+    async with database.write() as conn:
+        for row in (
+            {"run_id": "tick", "status": "queued", "origin": "heartbeat", "args": flat},
+            {
+                "run_id": "paused",
+                "status": "awaiting_approval",
+                "origin": "request",
+                "session_id": "chat",
+                "args": None,
+                "state": paused_state,
+            },
+            {"run_id": "lost", "status": "queued", "origin": "request", "args": None},
+        ):
+            await conn.execute(sa.insert(RUNS_AT_0003).values(**row, **common))
+    await database.migrate()
+    assert await database.current_revision() == "0004"
+    store = SqlRunStore(database)
+    assert await store.args("tick") == {
+        "prompt": "check in",
+        "overrides": {
+            "system_prompt": "Be brief.",
+            "max_steps": 3,
+            "session": "ops",
+            "memory_scope": "u1",
+            "followup_depth": 0,
+            "read_only": True,  # what its worker used to derive from the origin
+        },
+        "deliver": True,
+        "origin": "heartbeat",
+    }
+    # a paused run can still be resumed: its arguments come from its columns
+    assert (await store.args("paused"))["overrides"] == {"session": "chat"}
+    # a queued run recorded without arguments can never run: it is left without them
+    await refused(store.args("lost"), ErrorKind.DECODE)
+    await database.downgrade("0003")  # and back down: the flat shape again
+    async with database.read() as conn:
+        back = dict((await conn.execute(sa.select(RunRow.run_id, RunRow.args))).all())
+    assert back["tick"] == flat
+    assert back["lost"] is None
 
 
 # --- leases and jobs -----------------------------------------------------------------------

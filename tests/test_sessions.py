@@ -8,9 +8,17 @@ from typing import Any
 
 import pytest
 
+from agent_plugin import sessions
 from agent_plugin.agent import Agent
 from agent_plugin.budget import estimate_messages
 from agent_plugin.cancellation import CancelToken
+from agent_plugin.compaction import (
+    SUMMARY_INSTRUCTIONS,
+    SUMMARY_PREFIX,
+    Compaction,
+    CompactionReport,
+    render_transcript,
+)
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, RunEnded, TextDeltaEvent
 from agent_plugin.hooks import AgentHooks, PauseRun, RunControl
@@ -30,6 +38,7 @@ from agent_plugin.messages import (
     ToolResult,
     ToolResultPart,
 )
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
     ApprovalDecision,
@@ -44,20 +53,13 @@ from agent_plugin.policy import ToolRules
 from agent_plugin.providers.base import ChatRequest
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
 from agent_plugin.sessions import (
-    SUMMARY_INSTRUCTIONS,
-    SUMMARY_PREFIX,
-    Compaction,
     CompactionEntry,
-    CompactionReport,
     InMemorySessionStore,
     MessageEntry,
     SessionStore,
     SessionTurn,
     SessionView,
     compact_session,
-    render_transcript,
-    resume_in_session,
-    run_in_session,
 )
 from agent_plugin.tools import FnTool, ToolEffect
 from tests.store_conformance import SessionStoreContract, numbered
@@ -122,13 +124,13 @@ async def test_sessions_persist_turns_but_not_pauses() -> None:
     agent = acting_agent(model, ran)
     store = InMemorySessionStore()
 
-    first = await run_in_session(agent, store, "s1", "hello")
+    first = await sessions.run(agent, "hello", session="s1", store=store)
     assert completed(first.outcome).text == "Hi!"
     assert len(await stored(store, "s1")) == 2
     assert first.session_version == 2
     assert first.compaction is None
 
-    paused = await run_in_session(agent, store, "s1", "act now")
+    paused = await sessions.run(agent, "act now", session="s1", store=store)
     assert isinstance(paused.outcome, AwaitingApproval)
     assert len(await stored(store, "s1")) == 2
     assert paused.session_version == 2
@@ -137,7 +139,7 @@ async def test_sessions_persist_turns_but_not_pauses() -> None:
     # the state survives JSON (a database row, a job result) and still knows its session
     state = RunState.model_validate_json(paused.outcome.state.model_dump_json())
     assert (state.session_id, state.session_version, state.history_length) == ("s1", 2, 2)
-    done = await resume_in_session(agent, store, state, [ApprovalDecision.approve("a")])
+    done = await sessions.resume(agent, state, [ApprovalDecision.approve("a")], store=store)
     assert completed(done.outcome).text == "Done."
     assert ran == [{"city": "Oslo"}]
     assert done.session_version == 6
@@ -159,12 +161,12 @@ async def test_sessions_persist_turns_but_not_pauses() -> None:
     assert not any(m.role is Role.SYSTEM for m in messages)
 
 
-async def test_run_turn_continues_the_stored_transcript() -> None:
+async def test_a_run_continues_the_stored_transcript() -> None:
     model = ScriptedModel(["one", "two"])
     agent = Agent(model, system_prompt="sys")
     store = InMemorySessionStore()
-    await run_in_session(agent, store, "s", "first")
-    turn = await run_in_session(agent, store, "s", ChatMessage.user("second"))
+    await sessions.run(agent, "first", session="s", store=store)
+    turn = await sessions.run(agent, ChatMessage.user("second"), session="s", store=store)
     assert [m.role for m in model.requests[1].messages] == [
         Role.SYSTEM,
         Role.USER,
@@ -191,18 +193,18 @@ async def test_a_run_that_pauses_again_saves_nothing_until_it_finishes() -> None
     store = InMemorySessionStore()
     await store.append("s", numbered(2), expected_version=0)
 
-    first = await run_in_session(agent, store, "s", "go")
+    first = await sessions.run(agent, "go", session="s", store=store)
     assert isinstance(first.outcome, AwaitingApproval)
-    again = await resume_in_session(
-        agent, store, first.outcome.state, [ApprovalDecision.approve("a")]
+    again = await sessions.resume(
+        agent, first.outcome.state, [ApprovalDecision.approve("a")], store=store
     )
     assert isinstance(again.outcome, AwaitingApproval)
     assert again.session_version == 2
     assert (await store.load("s")).version == 2
     assert again.outcome.state.session_version == 2
 
-    done = await resume_in_session(
-        agent, store, again.outcome.state, [ApprovalDecision.approve("b")]
+    done = await sessions.resume(
+        agent, again.outcome.state, [ApprovalDecision.approve("b")], store=store
     )
     assert completed(done.outcome).text == "Both done."
     messages = await stored(store, "s")
@@ -234,10 +236,10 @@ async def test_a_hook_pause_saves_nothing_and_its_resume_saves() -> None:
     model = ScriptedModel(["Hi!"])
     agent = Agent(model, hooks=[PauseFirstCall()])
     store = InMemorySessionStore()
-    turn = await run_in_session(agent, store, "s", "hello")
+    turn = await sessions.run(agent, "hello", session="s", store=store)
     assert isinstance(turn.outcome, Paused)
     assert await store.load("s") == SessionView()
-    done = await resume_in_session(agent, store, turn.outcome.state)
+    done = await sessions.resume(agent, turn.outcome.state, store=store)
     assert completed(done.outcome).text == "Hi!"
     assert [m.text for m in await stored(store, "s")] == ["hello", "Hi!"]
 
@@ -247,7 +249,9 @@ async def test_cancelled_runs_are_saved() -> None:
     token.cancel("user left")
     model = ScriptedModel(["never"])
     store = InMemorySessionStore()
-    turn = await run_in_session(Agent(model), store, "s", "hello", cancel=token)
+    turn = await sessions.run(
+        Agent(model), "hello", session="s", store=store, options=RunOptions(cancel=token)
+    )
     assert isinstance(turn.outcome, Cancelled)
     assert model.requests == []
     assert [m.text for m in await stored(store, "s")] == ["hello"]
@@ -256,14 +260,12 @@ async def test_cancelled_runs_are_saved() -> None:
 async def test_streamed_session_turns_emit_events_and_save() -> None:
     events: list[AgentEvent] = []
     store = InMemorySessionStore()
-    turn = await run_in_session(
+    turn = await sessions.run(
         Agent(ScriptedModel(["Hi there"])),
-        store,
-        "s",
         "hello",
-        stream=True,
-        on_event=events.append,
-        run_id="run_fixed",
+        session="s",
+        store=store,
+        options=RunOptions(stream=True, on_event=events.append, run_id="run_fixed"),
     )
     assert completed(turn.outcome).text == "Hi there"
     assert any(isinstance(e, TextDeltaEvent) for e in events)
@@ -272,13 +274,26 @@ async def test_streamed_session_turns_emit_events_and_save() -> None:
     assert len(await stored(store, "s")) == 2
 
 
-async def test_resume_needs_a_session_state() -> None:
+async def test_a_state_without_a_session_resumes_on_its_own() -> None:
+    ran: list[Any] = []
+    model = ScriptedModel([tool_call("act", {"city": "Oslo"}, id="a"), "Done."])
+    agent = acting_agent(model, ran)
+    outcome = (await agent.run("act")).outcome
+    assert isinstance(outcome, AwaitingApproval)
+    store = InMemorySessionStore()
+    turn = await sessions.resume(agent, outcome.state, [ApprovalDecision.approve("a")], store=store)
+    assert completed(turn.outcome).text == "Done."
+    assert ran == [{"city": "Oslo"}]
+    assert not isinstance(turn, SessionTurn)  # nothing was saved anywhere
+
+
+async def test_a_session_state_needs_a_store() -> None:
     ran: list[Any] = []
     agent = acting_agent(ScriptedModel([tool_call("act", {"city": "Oslo"}, id="a")]), ran)
-    outcome = await agent.run("act")
-    assert isinstance(outcome, AwaitingApproval)
+    paused = await sessions.run(agent, "act", session="s", store=InMemorySessionStore())
+    assert isinstance(paused.outcome, AwaitingApproval)
     with pytest.raises(AgentError) as caught:
-        await resume_in_session(agent, InMemorySessionStore(), outcome.state)
+        await sessions.resume(agent, paused.outcome.state, [ApprovalDecision.approve("a")])
     assert caught.value.kind is ErrorKind.CONFIG
     assert ran == []
 
@@ -286,7 +301,7 @@ async def test_resume_needs_a_session_state() -> None:
 async def test_bad_session_ids_fail_before_the_run() -> None:
     model = ScriptedModel(["x"])
     with pytest.raises(AgentError) as caught:
-        await run_in_session(Agent(model), InMemorySessionStore(), "", "hello")
+        await sessions.run(Agent(model), "hello", session="", store=InMemorySessionStore())
     assert caught.value.kind is ErrorKind.CONFIG
     assert model.requests == []
 
@@ -305,7 +320,7 @@ async def test_a_writer_during_the_turn_is_a_conflict() -> None:
     tool = FnTool("meddle", "writes", SCHEMA, meddle, effect=ToolEffect.READ_ONLY)
     agent = Agent(ScriptedModel([tool_call("meddle"), "done"]), tools=[tool])
     with pytest.raises(AgentError) as caught:
-        await run_in_session(agent, store, "s", "go")
+        await sessions.run(agent, "go", session="s", store=store)
     assert caught.value.kind is ErrorKind.CONFLICT
     assert [m.text for m in await stored(store, "s")] == ["m1", "m2", "from elsewhere"]
 
@@ -315,16 +330,18 @@ async def test_a_message_sent_during_a_pause_wins_over_the_resume() -> None:
     model = ScriptedModel([tool_call("act", {"city": "Oslo"}, id="a"), "meanwhile", "Done."])
     agent = acting_agent(model, ran)
     store = InMemorySessionStore()
-    paused = await run_in_session(agent, store, "s", "act now")
+    paused = await sessions.run(agent, "act now", session="s", store=store)
     assert isinstance(paused.outcome, AwaitingApproval)
 
     # a new message continues from the last saved transcript (empty), not the paused turn
-    other = await run_in_session(agent, store, "s", "something else")
+    other = await sessions.run(agent, "something else", session="s", store=store)
     assert completed(other.outcome).text == "meanwhile"
     assert [m.text for m in await stored(store, "s")] == ["something else", "meanwhile"]
 
     with pytest.raises(AgentError) as caught:
-        await resume_in_session(agent, store, paused.outcome.state, [ApprovalDecision.approve("a")])
+        await sessions.resume(
+            agent, paused.outcome.state, [ApprovalDecision.approve("a")], store=store
+        )
     assert caught.value.kind is ErrorKind.CONFLICT
     assert ran == []  # detected before the approved tool ran
     assert len(model.requests) == 2
@@ -499,10 +516,10 @@ async def test_long_sessions_compact_before_the_run() -> None:
     history = long_transcript(10)  # 20 messages of 104 tokens each
     await store.append("s", history, expected_version=0)
     model = ScriptedModel(["  The user asked ten questions.  ", "Answer eleven."])
-    agent = Agent(model, system_prompt="sys")
     compaction = Compaction(trigger_tokens=500, keep_recent_tokens=250, summary_max_tokens=64)
+    agent = Agent(model, system_prompt="sys", compaction=compaction)
 
-    turn = await run_in_session(agent, store, "s", "question eleven", compaction=compaction)
+    turn = await sessions.run(agent, "question eleven", session="s", store=store)
 
     assert completed(turn.outcome).text == "Answer eleven."
     summary_call, run_call = model.requests
@@ -547,7 +564,7 @@ async def test_long_sessions_compact_before_the_run() -> None:
     assert compaction_entry.usage == TokenUsage(input_tokens=10, output_tokens=5)
 
     # the next short turn does not compact again
-    again = await run_in_session(agent, store, "s", "and twelve", compaction=compaction)
+    again = await sessions.run(agent, "and twelve", session="s", store=store)
     assert again.compaction is None
     assert len(model.requests) == 3
 
@@ -558,8 +575,8 @@ async def test_a_failed_summary_leaves_the_session_unchanged() -> None:
     failure = AgentError(ErrorKind.UNAVAILABLE, "overloaded", provider="scripted", status=529)
     model = ScriptedModel([failure])
     with pytest.raises(AgentError) as caught:
-        await run_in_session(
-            Agent(model), store, "s", "hi", compaction=Compaction(trigger_tokens=500)
+        await sessions.run(
+            Agent(model, compaction=Compaction(trigger_tokens=500)), "hi", session="s", store=store
         )
     assert caught.value is failure
     assert len(model.requests) == 1  # the run itself never started
@@ -578,8 +595,12 @@ async def test_cancelling_during_the_summary_skips_compaction_and_ends_the_run()
         return "a summary nobody waits for"
 
     model = ScriptedModel([cancel_now])
-    turn = await run_in_session(
-        Agent(model), store, "s", "hi", compaction=Compaction(trigger_tokens=500), cancel=token
+    turn = await sessions.run(
+        Agent(model, compaction=Compaction(trigger_tokens=500)),
+        "hi",
+        session="s",
+        store=store,
+        options=RunOptions(cancel=token),
     )
     assert isinstance(turn.outcome, Cancelled)
     assert turn.compaction is None

@@ -186,7 +186,7 @@ async def test_skills_are_listed_and_loadable_in_a_run() -> None:
     skills = [Skill.parse(DIGEST)]
     model = ScriptedModel([tool_call("load_skill", {"name": "weekly-digest"}), "Digest written."])
     agent = Agent(model, tools=[LoadSkillTool(skills)], system_prompt=skills_index(skills))
-    turn = await agent.run_turn([], "write the digest")
+    turn = await agent.run("write the digest")
     assert isinstance(turn.outcome, Completed)
     system = model.requests[0].messages[0]
     assert system.role is Role.SYSTEM

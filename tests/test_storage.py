@@ -25,6 +25,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
+from agent_plugin.compaction import SUMMARY_PREFIX
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.memory import (
     DEFAULT_BLOCKS,
@@ -37,7 +38,7 @@ from agent_plugin.memory import (
     ReplaceOp,
 )
 from agent_plugin.messages import ChatMessage
-from agent_plugin.sessions import SUMMARY_PREFIX, SessionStore
+from agent_plugin.sessions import SessionStore
 from agent_plugin.storage import Database, SqlMemoryStore, SqlSessionStore
 from agent_plugin.storage import database as storage_database
 from agent_plugin.storage.models import MemoryBlockRow, SessionEntryRow, SessionRow

@@ -1026,7 +1026,7 @@ async def test_a_hook_editing_request_tools_cannot_change_the_registry() -> None
     model = ScriptedModel([tool_call("echo", {}), "done"])
     agent = Agent(model, tools=[make_tool("echo")], hooks=[editor])
     before = agent.tools.definitions()
-    assert isinstance(await agent.run("go"), Completed)
+    assert isinstance((await agent.run("go")).outcome, Completed)
     assert editor.failures == ["append", "edit", "append", "edit"]
     assert [[d.name for d in request.tools] for request in model.requests] == [["other"]] * 2
     assert agent.tools.definitions() is before

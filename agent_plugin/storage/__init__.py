@@ -18,14 +18,12 @@ by the Alembic migrations that ship with the package.
 
 from agent_plugin.storage.database import DEFAULT_DATABASE_URL, Database, hide_password
 from agent_plugin.storage.memory import SqlMemoryStore
-from agent_plugin.storage.runs import RunRecord, RunStatus, SqlRunJournal, SqlRunStore
+from agent_plugin.storage.runs import SqlRunJournal, SqlRunStore
 from agent_plugin.storage.sessions import SqlSessionStore
 
 __all__ = [
     "DEFAULT_DATABASE_URL",
     "Database",
-    "RunRecord",
-    "RunStatus",
     "SqlMemoryStore",
     "SqlRunJournal",
     "SqlRunStore",

@@ -45,115 +45,72 @@ pays for executing them and not for building and caching them again.
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
-from sqlalchemy import exc
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.functions import FunctionElement
 
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
-from agent_plugin.events import OutcomeSummary, PendingApproval
-from agent_plugin.journal import JournalEntry, journal_entry_adapter
+from agent_plugin.events import OutcomeSummary
+from agent_plugin.journal import JournalEntry
 from agent_plugin.messages import TokenUsage
-from agent_plugin.outcomes import (
-    AgentOutcome,
-    ApprovalDecision,
-    AwaitingApproval,
-    Cancelled,
-    Paused,
-    RunState,
-)
+from agent_plugin.outcomes import AgentOutcome, ApprovalDecision, AwaitingApproval, Paused, RunState
+from agent_plugin.records import RunRecord, RunStatus, status_of
+from agent_plugin.storage.checkpoints import ProgressRule, SqlRunJournal, decode_entry
 from agent_plugin.storage.database import Database
-from agent_plugin.storage.models import RunCheckpointRow, RunRow, UtcDateTime, utcnow
+from agent_plugin.storage.models import utcnow
+from agent_plugin.storage.run_sql import (
+    ARGS,
+    ARGS_OF,
+    CHECKPOINTS,
+    DECISIONS,
+    GET,
+    PROGRESS,
+    RECORD_COLUMNS,
+    RUNNABLE,
+    RUNS,
+    STARTS,
+    STATE,
+    SUMMARY,
+    as_text,
+    conflict_error,
+    database_now,
+    decode_error,
+    decode_json,
+    from_now,
+    insert_ignoring_duplicates,
+    not_found,
+    not_paused,
+    progress_values,
+    read_status,
+    record_of,
+)
 
-__all__ = ["RunRecord", "RunStatus", "SqlRunJournal", "SqlRunStore", "StalledRun"]
+__all__ = ["SessionActivity", "SqlRunJournal", "SqlRunStore", "StalledRun", "database_now"]
 
-_RUNS: Final = RunRow
-_CHECKPOINTS: Final = RunCheckpointRow
 _RUN_ID_MAX: Final = 64
 _NAME_MAX: Final = 255
 _ORIGIN_MAX: Final = 64
 
 T = TypeVar("T")
 
-ProgressRule = Callable[[JournalEntry], tuple[int, str] | None]
-"""What a run's record says about its progress once a checkpoint is written: ``(pct, message)``
-for the entry, or ``None`` to leave the progress as it is."""
 
-
-class RunStatus(StrEnum):
-    """Where a background run is: see the module docstring for the moves between them."""
-
-    QUEUED = "queued"
-    IN_PROGRESS = "in_progress"
-    AWAITING_APPROVAL = "awaiting_approval"
-    COMPLETE = "complete"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        """Complete, failed or cancelled: nothing moves the run any more."""
-        return self in _FINISHED
-
-
-_FINISHED: Final = frozenset({RunStatus.COMPLETE, RunStatus.FAILED, RunStatus.CANCELLED})
-_RUNNABLE: Final = (RunStatus.QUEUED, RunStatus.IN_PROGRESS)
-"""A worker may start, finish or fail a run in these states (in progress: a re-delivery)."""
 _CANCELLABLE: Final = (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL)
 _CANCEL_TRIES: Final = 3
 _START_TRIES: Final = 3
 
 
-class RunRecord(BaseModel):
-    """The public view of one run: what ``GET {prefix}/runs/{run_id}`` answers.
+@dataclass(frozen=True, slots=True)
+class SessionActivity:
+    """The other runs of a session (see :meth:`SqlRunStore.session_activity`)."""
 
-    Never holds the transcript: ``outcome`` is a summary with tool arguments redacted, and
-    ``awaiting`` lists the calls a paused run waits on (redacted too; empty otherwise).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    run_id: str
-    status: RunStatus
-    origin: str
-    session_id: str | None = None
-    memory_scope: str | None = None
-    progress_pct: int = 0
-    progress_message: str | None = None
-    attempt: int = 0
-    created_at: datetime
-    updated_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    outcome: OutcomeSummary | None = None
-    error: ErrorInfo | None = None
-    awaiting: list[PendingApproval] = Field(default_factory=list)
-
-
-def status_of(outcome: AgentOutcome) -> RunStatus:
-    """The record status an outcome leaves a run in.
-
-    A pause (for approval or by a hook) is ``awaiting_approval``: it waits for a decision to
-    resume. An outcome this version does not know (written by a newer one) counts as complete.
-    """
-    if isinstance(outcome, AwaitingApproval | Paused):
-        return RunStatus.AWAITING_APPROVAL
-    if isinstance(outcome, Cancelled):
-        return RunStatus.CANCELLED
-    return RunStatus.COMPLETE  # completed, budget_exhausted, loop_detected, unknown
+    in_progress: bool
+    """Another run of the session is in progress."""
+    queued_jobs: list[str]
+    """The job ids of the session's queued runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +168,7 @@ class SqlRunStore:
         stored_args = _json_args(run_id, args)
         now = utcnow()
         async with self.database.write() as conn:
-            insert = _insert_ignoring_duplicates(conn).values(
+            insert = insert_ignoring_duplicates(conn).values(
                 run_id=run_id,
                 status=RunStatus.QUEUED.value,
                 origin=origin,
@@ -222,7 +179,7 @@ class SqlRunStore:
                 version=0,
                 args=stored_args,
                 job_id=job_id or run_id,
-                lease_until=_in(not_before) if not_before else None,
+                lease_until=from_now(not_before) if not_before else None,
                 created_at=now,
                 updated_at=now,
             )
@@ -231,26 +188,56 @@ class SqlRunStore:
     async def get(self, run_id: str) -> RunRecord | None:
         """The run's public record, or ``None`` if there is no such run."""
         async with self.database.read() as conn:
-            row = (await conn.execute(_GET, {"run": run_id})).one_or_none()
-        return _record(row._mapping) if row is not None else None
+            row = (await conn.execute(GET, {"run": run_id})).one_or_none()
+        return record_of(row._mapping) if row is not None else None
 
     async def discard(self, run_id: str) -> bool:
         """Delete a run that never left the queue (``queued``, never started): what an
         enqueue does when its job could not be queued, so that nothing is recorded for it and
         the same run id can be enqueued again. ``False`` when the run is not such a run."""
-        delete = sa.delete(_RUNS).where(
-            _RUNS.run_id == run_id,
-            _RUNS.status == RunStatus.QUEUED.value,
-            _RUNS.attempt == 0,
+        delete = sa.delete(RUNS).where(
+            RUNS.run_id == run_id,
+            RUNS.status == RunStatus.QUEUED.value,
+            RUNS.attempt == 0,
         )
         async with self.database.write() as conn:
             return bool((await conn.execute(delete)).rowcount)
 
-    async def args(self, run_id: str) -> dict[str, Any] | None:
-        """The job arguments stored by :meth:`create` (``None``: no such run, or none stored)."""
+    async def args(self, run_id: str) -> dict[str, Any]:
+        """The job arguments stored by :meth:`create`; ``NOT_FOUND`` for an unknown run."""
         async with self.database.read() as conn:
-            text = await conn.scalar(_ARGS_OF, {"run": run_id})
-        return _decode(run_id, "args", text, _ARGS)
+            row = (await conn.execute(ARGS_OF, {"run": run_id})).one_or_none()
+        if row is None:
+            raise not_found(run_id)
+        args = decode_json(run_id, "args", row[0], ARGS)
+        if args is None:
+            raise decode_error(run_id, "args", "the run has no stored arguments")
+        return args
+
+    async def session_activity(
+        self, session_id: str, *, besides: str | None = None
+    ) -> SessionActivity:
+        """What other runs of ``session_id`` (all but ``besides``) are doing: whether one is in
+        progress, and the job ids of those that are queued (due or not)."""
+        query = (
+            sa.select(RUNS.run_id, RUNS.job_id, RUNS.status)
+            .where(
+                RUNS.session_id == session_id,
+                RUNS.status.in_([RunStatus.QUEUED.value, RunStatus.IN_PROGRESS.value]),
+                RUNS.run_id != besides if besides is not None else sa.true(),
+            )
+            .limit(100)
+        )
+        async with self.database.read() as conn:
+            found = (await conn.execute(query)).all()
+        return SessionActivity(
+            in_progress=any(status == RunStatus.IN_PROGRESS.value for _, _, status in found),
+            queued_jobs=[
+                job_id or run_id
+                for run_id, job_id, status in found
+                if status == RunStatus.QUEUED.value
+            ],
+        )
 
     async def start(
         self,
@@ -276,13 +263,13 @@ class SqlRunStore:
           is refused (``CONFLICT``), since a stale delivery of the paused run would run the
           approved calls a second time.
         """
-        statement = _STARTS[job_id is not None, not resume]
+        statement = STARTS[job_id is not None, not resume]
         for _ in range(_START_TRIES):
             values = {"run": run_id, "now": utcnow(), "job": job_id, "lease": lease or 0.0}
             async with self.database.write() as conn:
                 row = (await conn.execute(statement, values)).one_or_none()
             if row is not None:
-                return _record(row._mapping)
+                return record_of(row._mapping)
             refusal = await self._start_refusal(run_id, job_id, resume=resume)
             if refusal is not None:
                 raise refusal
@@ -295,13 +282,13 @@ class SqlRunStore:
         now; ``False`` when the run is no longer in progress at that attempt (it ended, or a
         later delivery took it over)."""
         update = (
-            sa.update(_RUNS)
+            sa.update(RUNS)
             .where(
-                _RUNS.run_id == run_id,
-                _RUNS.attempt == attempt,
-                _RUNS.status == RunStatus.IN_PROGRESS.value,
+                RUNS.run_id == run_id,
+                RUNS.attempt == attempt,
+                RUNS.status == RunStatus.IN_PROGRESS.value,
             )
-            .values(lease_until=_in(lease))
+            .values(lease_until=from_now(lease))
         )
         async with self.database.write() as conn:
             return bool((await conn.execute(update)).rowcount)
@@ -317,38 +304,38 @@ class SqlRunStore:
         Runs booked for later are not, until they are due.
         """
         before = utcnow() - timedelta(seconds=older_than)
-        lapsed = _RUNS.lease_until < _in(-older_than)
+        lapsed = RUNS.lease_until < from_now(-older_than)
         query = (
             sa.select(
-                _RUNS.run_id,
-                _RUNS.job_id,
-                _RUNS.decisions.is_not(None),
-                _RUNS.updated_at,
+                RUNS.run_id,
+                RUNS.job_id,
+                RUNS.decisions.is_not(None),
+                RUNS.updated_at,
             )
             .where(
-                _RUNS.job_id.is_not(None),
+                RUNS.job_id.is_not(None),
                 sa.or_(
                     sa.and_(
-                        _RUNS.status == RunStatus.QUEUED.value,
-                        _RUNS.updated_at < before,
-                        sa.or_(_RUNS.lease_until.is_(None), lapsed),
+                        RUNS.status == RunStatus.QUEUED.value,
+                        RUNS.updated_at < before,
+                        sa.or_(RUNS.lease_until.is_(None), lapsed),
                     ),
                     sa.and_(
-                        _RUNS.status == RunStatus.IN_PROGRESS.value,
+                        RUNS.status == RunStatus.IN_PROGRESS.value,
                         sa.or_(
-                            lapsed, sa.and_(_RUNS.lease_until.is_(None), _RUNS.updated_at < before)
+                            lapsed, sa.and_(RUNS.lease_until.is_(None), RUNS.updated_at < before)
                         ),
                     ),
                 ),
             )
-            .order_by(_RUNS.updated_at, _RUNS.run_id)
+            .order_by(RUNS.updated_at, RUNS.run_id)
             .limit(page)
         )
         after: tuple[datetime, str] | None = None
         while True:
             keyset = query
             if after is not None:
-                keyset = query.where(sa.tuple_(_RUNS.updated_at, _RUNS.run_id) > sa.tuple_(*after))
+                keyset = query.where(sa.tuple_(RUNS.updated_at, RUNS.run_id) > sa.tuple_(*after))
             async with self.database.read() as conn:
                 rows = (await conn.execute(keyset)).all()
             runs = [
@@ -369,10 +356,10 @@ class SqlRunStore:
         ``NOT_FOUND`` for an unknown run.
         """
         async with self.database.write() as conn:
-            if (await conn.execute(_PROGRESS, _progress_values(run_id, pct, message))).rowcount:
+            if (await conn.execute(PROGRESS, progress_values(run_id, pct, message))).rowcount:
                 return
-            if await _status(conn, run_id) is None:
-                raise _not_found(run_id)
+            if await read_status(conn, run_id) is None:
+                raise not_found(run_id)
 
     async def finish(
         self, run_id: str, outcome: AgentOutcome, *, attempt: int | None = None
@@ -400,7 +387,7 @@ class SqlRunStore:
             values["finished_at"] = now
         if status is RunStatus.COMPLETE:
             values["progress_pct"] = 100
-        return await self._move(run_id, "finish", _RUNNABLE, attempt=attempt, **values)
+        return await self._move(run_id, "finish", RUNNABLE, attempt=attempt, **values)
 
     async def fail(self, run_id: str, error: ErrorInfo, *, attempt: int | None = None) -> RunRecord:
         """Record the typed error that ended a queued or running run: ``failed`` (``attempt``
@@ -409,7 +396,7 @@ class SqlRunStore:
         return await self._move(
             run_id,
             "fail",
-            _RUNNABLE,
+            RUNNABLE,
             attempt=attempt,
             status=RunStatus.FAILED.value,
             error=error.model_dump(mode="json"),
@@ -428,28 +415,28 @@ class SqlRunStore:
         ``attempt`` as for :meth:`finish`). With ``not_before``, no delivery may start it for
         that many seconds (the retry's backoff, kept even if its worker dies before arq
         defers the job)."""
-        where = [_RUNS.run_id == run_id, _RUNS.status == RunStatus.IN_PROGRESS.value]
+        where = [RUNS.run_id == run_id, RUNS.status == RunStatus.IN_PROGRESS.value]
         if attempt is not None:
-            where.append(_RUNS.attempt == attempt)
+            where.append(RUNS.attempt == attempt)
         now = utcnow()
         update = (
-            sa.update(_RUNS)
+            sa.update(RUNS)
             .where(*where)
             .values(
                 status=RunStatus.QUEUED.value,
-                version=_RUNS.version + 1,
-                lease_until=_in(not_before) if not_before else None,
+                version=RUNS.version + 1,
+                lease_until=from_now(not_before) if not_before else None,
                 updated_at=now,
             )
         )
         async with self.database.write() as conn:
             if (await conn.execute(update)).rowcount == 1:
                 return
-            status = await _status(conn, run_id)
+            status = await read_status(conn, run_id)
         if status is None:
-            raise _not_found(run_id)
+            raise not_found(run_id)
         if status != RunStatus.QUEUED.value:
-            raise _conflict(run_id, status, "requeue it")
+            raise conflict_error(run_id, status, "requeue it")
 
     async def cancel(self, run_id: str, reason: str) -> RunRecord:
         """Cancel a run that is queued or awaiting approval; its record says ``reason``.
@@ -461,17 +448,17 @@ class SqlRunStore:
             async with self.database.read() as conn:
                 head = (
                     await conn.execute(
-                        sa.select(_RUNS.status, _RUNS.version, _text(_RUNS.outcome)).where(
-                            _RUNS.run_id == run_id
+                        sa.select(RUNS.status, RUNS.version, as_text(RUNS.outcome)).where(
+                            RUNS.run_id == run_id
                         )
                     )
                 ).one_or_none()
             if head is None:
-                raise _not_found(run_id)
+                raise not_found(run_id)
             status, version, outcome_text = head
             if status not in _CANCELLABLE:
-                raise _conflict(run_id, status, "cancel it")
-            previous = _decode(run_id, "outcome", outcome_text, _SUMMARY)
+                raise conflict_error(run_id, status, "cancel it")
+            previous = decode_json(run_id, "outcome", outcome_text, SUMMARY)
             summary = OutcomeSummary(
                 status="cancelled",
                 reason=reason,
@@ -518,24 +505,24 @@ class SqlRunStore:
         async with self.database.read() as conn:
             head = (
                 await conn.execute(
-                    sa.select(_RUNS.status, _RUNS.version, _text(_RUNS.state)).where(
-                        _RUNS.run_id == run_id
+                    sa.select(RUNS.status, RUNS.version, as_text(RUNS.state)).where(
+                        RUNS.run_id == run_id
                     )
                 )
             ).one_or_none()
         if head is None:
-            raise _not_found(run_id)
+            raise not_found(run_id)
         status, version, state_text = head
         if status != RunStatus.AWAITING_APPROVAL.value:
-            raise _not_paused(run_id, status)
-        state = _decode(run_id, "state", state_text, _STATE)
+            raise not_paused(run_id, status)
+        state = decode_json(run_id, "state", state_text, STATE)
         if state is None:
-            raise _decode_error(run_id, "state", "a paused run has no stored state")
+            raise decode_error(run_id, "state", "a paused run has no stored state")
         _check_decisions(run_id, state, decided)
         _check_text("job_id", job_id, _NAME_MAX)
         update = (
-            sa.update(_RUNS)
-            .where(_RUNS.run_id == run_id, _RUNS.version == version)
+            sa.update(RUNS)
+            .where(RUNS.run_id == run_id, RUNS.version == version)
             .values(
                 status=RunStatus.QUEUED.value,
                 version=version + 1,
@@ -549,16 +536,16 @@ class SqlRunStore:
         async with self.database.write() as conn:
             if (await conn.execute(update)).rowcount == 1:
                 return state
-            now_status = await _status(conn, run_id)
+            now_status = await read_status(conn, run_id)
         if now_status is None:
-            raise _not_found(run_id)
+            raise not_found(run_id)
         if now_status == RunStatus.AWAITING_APPROVAL.value:
             raise AgentError(
                 ErrorKind.CONFLICT,
                 f"run {run_id} paused again while the decisions were checked; "
                 "read it again and decide on the calls it awaits now",
             )
-        raise _not_paused(run_id, now_status)
+        raise not_paused(run_id, now_status)
 
     async def return_paused_state(self, run_id: str, outcome: OutcomeSummary | None) -> bool:
         """Undo :meth:`take_paused_state` when the resume could not be queued: the run awaits
@@ -566,15 +553,15 @@ class SqlRunStore:
         decide again. ``False`` when the run is no longer queued with decisions (nothing
         changes then)."""
         update = (
-            sa.update(_RUNS)
+            sa.update(RUNS)
             .where(
-                _RUNS.run_id == run_id,
-                _RUNS.status == RunStatus.QUEUED.value,
-                _RUNS.decisions.is_not(None),
+                RUNS.run_id == run_id,
+                RUNS.status == RunStatus.QUEUED.value,
+                RUNS.decisions.is_not(None),
             )
             .values(
                 status=RunStatus.AWAITING_APPROVAL.value,
-                version=_RUNS.version + 1,
+                version=RUNS.version + 1,
                 decisions=sa.null(),
                 job_id=sa.null(),
                 outcome=outcome.model_dump(mode="json") if outcome is not None else sa.null(),
@@ -592,15 +579,15 @@ class SqlRunStore:
         async with self.database.read() as conn:
             row = (
                 await conn.execute(
-                    sa.select(_text(_RUNS.state), _text(_RUNS.decisions)).where(
-                        _RUNS.run_id == run_id
+                    sa.select(as_text(RUNS.state), as_text(RUNS.decisions)).where(
+                        RUNS.run_id == run_id
                     )
                 )
             ).one_or_none()
         if row is None:
             return None
-        state = _decode(run_id, "state", row[0], _STATE)
-        decided = _decode(run_id, "decisions", row[1], _DECISIONS)
+        state = decode_json(run_id, "state", row[0], STATE)
+        decided = decode_json(run_id, "decisions", row[1], DECISIONS)
         if state is None or decided is None:
             return None
         return state, decided
@@ -610,7 +597,7 @@ class SqlRunStore:
     def journal(
         self, run_id: str, *, attempt: int | None = None, progress: ProgressRule | None = None
     ) -> SqlRunJournal:
-        """The run's checkpoint journal, to pass to ``Agent.run_turn``/``resume``.
+        """The run's checkpoint journal, to give a run in its ``RunOptions``.
 
         With ``attempt`` (the number :meth:`start` returned in the record), a checkpoint is
         written only while the run is in progress at that attempt: a worker that was given up
@@ -623,13 +610,13 @@ class SqlRunStore:
     async def journal_entries(self, run_id: str) -> list[JournalEntry]:
         """The run's checkpoints in the order they were recorded (one query; ``[]`` if none)."""
         query = (
-            sa.select(_CHECKPOINTS.seq, _CHECKPOINTS.kind, _text(_CHECKPOINTS.payload))
-            .where(_CHECKPOINTS.run_id == run_id)
-            .order_by(_CHECKPOINTS.seq)
+            sa.select(CHECKPOINTS.seq, CHECKPOINTS.kind, as_text(CHECKPOINTS.payload))
+            .where(CHECKPOINTS.run_id == run_id)
+            .order_by(CHECKPOINTS.seq)
         )
         async with self.database.read() as conn:
             rows = (await conn.execute(query)).all()
-        return [_decode_entry(run_id, seq, kind, payload) for seq, kind, payload in rows]
+        return [decode_entry(run_id, seq, kind, payload) for seq, kind, payload in rows]
 
     async def clear_journal(self, run_id: str) -> None:
         """Delete the run's checkpoints once nothing will continue from them.
@@ -641,12 +628,12 @@ class SqlRunStore:
         cleared automatically: call this as housekeeping after :meth:`finish`.
         """
         async with self.database.write() as conn:
-            status = await _status(conn, run_id)
+            status = await read_status(conn, run_id)
             if status is None:
                 return
-            if status in _RUNNABLE:
-                raise _conflict(run_id, status, "clear its checkpoints")
-            await conn.execute(sa.delete(_CHECKPOINTS).where(_CHECKPOINTS.run_id == run_id))
+            if status in RUNNABLE:
+                raise conflict_error(run_id, status, "clear its checkpoints")
+            await conn.execute(sa.delete(CHECKPOINTS).where(CHECKPOINTS.run_id == run_id))
 
     # --- moves -----------------------------------------------------------------------------
 
@@ -666,7 +653,7 @@ class SqlRunStore:
             return record
         if attempt is not None:
             async with self.database.read() as conn:
-                current = await conn.scalar(sa.select(_RUNS.attempt).where(_RUNS.run_id == run_id))
+                current = await conn.scalar(sa.select(RUNS.attempt).where(RUNS.run_id == run_id))
             if current is not None and current != attempt:
                 raise AgentError(
                     ErrorKind.CONFLICT,
@@ -681,27 +668,27 @@ class SqlRunStore:
         """Why :meth:`start` did not start the run; ``None`` when nothing stands in the way
         any more (a lease ended between the two reads: try again)."""
         query = sa.select(
-            _RUNS.status,
-            _RUNS.attempt,
-            _RUNS.job_id,
-            _RUNS.lease_until,
-            _RUNS.decisions.is_not(None),
+            RUNS.status,
+            RUNS.attempt,
+            RUNS.job_id,
+            RUNS.lease_until,
+            RUNS.decisions.is_not(None),
             database_now(),
-        ).where(_RUNS.run_id == run_id)
+        ).where(RUNS.run_id == run_id)
         async with self.database.read() as conn:
             head = (await conn.execute(query)).one_or_none()
         if head is None:
-            return _not_found(run_id)
+            return not_found(run_id)
         status, attempt, owner, lease_until, decided, now = head
-        if status not in _RUNNABLE:
-            return _conflict(run_id, status, "start it")
+        if status not in RUNNABLE:
+            return conflict_error(run_id, status, "start it")
         if job_id is not None and owner is not None and owner != job_id:
             return AgentError(
                 ErrorKind.CONFLICT,
                 f"run {run_id} is {status} for job {owner}: job {job_id} cannot start it",
             )
         if decided and not resume:
-            return _conflict(run_id, status, "start it (decisions wait for its resume)")
+            return conflict_error(run_id, status, "start it (decisions wait for its resume)")
         if lease_until is not None and lease_until > now:
             holder = (
                 f"held by attempt {attempt}"
@@ -719,10 +706,10 @@ class SqlRunStore:
     async def _refusal(self, run_id: str, action: str) -> AgentError:
         """Why a move did not happen: NOT_FOUND, or CONFLICT naming the run's status."""
         async with self.database.read() as conn:
-            status = await _status(conn, run_id)
+            status = await read_status(conn, run_id)
         if status is None:
-            return _not_found(run_id)
-        return _conflict(run_id, status, action)
+            return not_found(run_id)
+        return conflict_error(run_id, status, action)
 
     async def _try_move(
         self,
@@ -736,262 +723,20 @@ class SqlRunStore:
         """One ``UPDATE ... RETURNING`` that moves the run on and bumps its version, if the
         run is in one of the ``allowed`` states (and at ``expected_version`` and
         ``expected_attempt``, if given)."""
-        where = [_RUNS.run_id == run_id, _RUNS.status.in_([s.value for s in allowed])]
+        where = [RUNS.run_id == run_id, RUNS.status.in_([s.value for s in allowed])]
         if expected_version is not None:
-            where.append(_RUNS.version == expected_version)
+            where.append(RUNS.version == expected_version)
         if expected_attempt is not None:
-            where.append(_RUNS.attempt == expected_attempt)
+            where.append(RUNS.attempt == expected_attempt)
         update = (
-            sa.update(_RUNS)
+            sa.update(RUNS)
             .where(*where)
-            .values(version=_RUNS.version + 1, **values)
-            .returning(*_RECORD_COLUMNS)
+            .values(version=RUNS.version + 1, **values)
+            .returning(*RECORD_COLUMNS)
         )
         async with self.database.write() as conn:
             row = (await conn.execute(update)).one_or_none()
-        return _record(row._mapping) if row is not None else None
-
-
-class SqlRunJournal:
-    """A :class:`~agent_plugin.journal.RunJournal` whose entries are rows of
-    ``agent_run_checkpoints``: each :meth:`record` is one ``INSERT``, durable when it returns.
-
-    Records through one journal are written one at a time, in the order they were made (calls
-    running in parallel finish concurrently); two journals writing one run are two writers,
-    and one of them gets ``CONFLICT`` rather than both getting the same seq.
-    """
-
-    def __init__(
-        self,
-        database: Database,
-        run_id: str,
-        *,
-        attempt: int | None = None,
-        progress: ProgressRule | None = None,
-    ) -> None:
-        self.database = database
-        self.run_id = run_id
-        self.attempt = attempt
-        self.progress = progress
-        self._writing = asyncio.Lock()
-
-    def __repr__(self) -> str:
-        return f"SqlRunJournal(run_id={self.run_id!r}, attempt={self.attempt!r})"
-
-    async def record(self, entry: JournalEntry) -> None:
-        """Append ``entry`` as the run's next checkpoint (seq = last + 1, in the same statement).
-
-        ``NOT_FOUND`` if the run has no record; ``CONFLICT`` if another writer took the same
-        seq at the same moment, or (with ``attempt``) the run moved on to another attempt.
-        With a ``progress`` rule, the progress it gives for ``entry`` is written with it.
-        """
-        now = utcnow()
-        values = {
-            "run": self.run_id,
-            "of_attempt": self.attempt,
-            "new_kind": entry.kind,
-            "new_step": getattr(entry, "step", None),
-            "new_position": getattr(entry, "position", None),
-            "new_call_id": getattr(entry, "call_id", None),
-            "new_payload": entry.model_dump(mode="json", exclude={"kind"}),
-            "new_created_at": now,
-        }
-        insert = _CHECKPOINT if self.attempt is None else _CHECKPOINT_OF_ATTEMPT
-        progress = self.progress(entry) if self.progress is not None else None
-        try:
-            async with self._writing, self.database.write() as conn:
-                if (await conn.execute(insert, values)).rowcount == 1:
-                    if progress is not None:
-                        pct, message = progress
-                        await conn.execute(
-                            _PROGRESS, _progress_values(self.run_id, pct, message, now)
-                        )
-                    return
-                head = (
-                    await conn.execute(
-                        sa.select(_RUNS.status, _RUNS.attempt).where(_RUNS.run_id == self.run_id)
-                    )
-                ).one_or_none()
-        except exc.IntegrityError as clash:
-            raise AgentError(
-                ErrorKind.CONFLICT,
-                f"run {self.run_id!r}: another writer recorded a checkpoint at the same time; "
-                "only one worker may run a run",
-            ) from clash
-        if head is None:
-            raise _not_found(self.run_id)
-        raise AgentError(
-            ErrorKind.CONFLICT,
-            f"run {self.run_id!r} is {head[0]} at attempt {head[1]}; attempt {self.attempt} "
-            "may no longer record checkpoints",
-        )
-
-
-# --- queries -------------------------------------------------------------------------------
-
-
-def _text(column: Any) -> sa.ColumnElement[str]:
-    """A JSON column as its stored text: decoded here, so a bad value names its run."""
-    return sa.cast(column, sa.Text).label(column.key)
-
-
-_RECORD_COLUMNS: Final = (
-    _RUNS.run_id,
-    _RUNS.status,
-    _RUNS.origin,
-    _RUNS.session_id,
-    _RUNS.memory_scope,
-    _RUNS.progress_pct,
-    _RUNS.progress_message,
-    _RUNS.attempt,
-    _RUNS.created_at,
-    _RUNS.updated_at,
-    _RUNS.started_at,
-    _RUNS.finished_at,
-    _text(_RUNS.outcome),
-    _text(_RUNS.error),
-)
-
-
-def _progress_values(
-    run_id: str, pct: int, message: str, now: datetime | None = None
-) -> dict[str, Any]:
-    return {
-        "run": run_id,
-        "pct": min(max(int(pct), 0), 100),
-        "message": message,
-        "now": now or utcnow(),
-    }
-
-
-def _checkpoint_insert(*, of_attempt: bool) -> sa.Insert:
-    """The checkpoint ``INSERT`` of the entry bound as ``new_<column>``: seq = the run's last
-    + 1, in the same statement; with ``of_attempt``, only while the run is in progress at the
-    attempt bound as ``of_attempt``. (Bind names differ from column names, as SQLAlchemy
-    requires in an ``INSERT``.)"""
-    columns = _CHECKPOINTS.__table__.c
-    run_id = sa.bindparam("run", type_=columns.run_id.type)
-    next_seq = (
-        sa.select(sa.func.coalesce(sa.func.max(columns.seq), 0) + 1)
-        .where(columns.run_id == run_id)
-        .scalar_subquery()
-    )
-    where = [_RUNS.run_id == run_id]
-    if of_attempt:
-        where += [
-            _RUNS.attempt == sa.bindparam("of_attempt", type_=sa.Integer()),
-            _RUNS.status == RunStatus.IN_PROGRESS.value,
-        ]
-    fields = ("kind", "step", "position", "call_id", "payload", "created_at")
-    source = sa.select(
-        _RUNS.run_id,
-        next_seq,
-        *(sa.bindparam(f"new_{name}", type_=columns[name].type) for name in fields),
-    ).where(*where)
-    return sa.insert(_CHECKPOINTS).from_select(["run_id", "seq", *fields], source)
-
-
-_BY_RUN_ID: Final = _RUNS.run_id == sa.bindparam("run", type_=sa.String())
-_NOW: Final = sa.bindparam("now", type_=_RUNS.__table__.c.updated_at.type)
-_GET: Final = sa.select(*_RECORD_COLUMNS).where(_BY_RUN_ID)
-_ARGS_OF: Final = sa.select(_text(_RUNS.args)).where(_BY_RUN_ID)
-
-
-class database_now(FunctionElement[datetime]):
-    """The database's clock, in UTC, plus ``seconds`` if given (a number or a bind parameter).
-
-    Leases are set and compared on it, so the workers' own clocks do not matter: PostgreSQL's
-    ``clock_timestamp()``; SQLite's ``strftime`` of ``'now'``, in the text form SQLAlchemy
-    stores SQLite timestamps in (so the two compare as text).
-    """
-
-    type = UtcDateTime()
-    inherit_cache = True
-    name = "database_now"
-
-
-@compiles(database_now, "postgresql")
-def _postgresql_now(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
-    clauses = list(element.clauses)
-    if not clauses:
-        return "clock_timestamp()"
-    return f"(clock_timestamp() + make_interval(secs => {compiler.process(clauses[0], **kw)}))"
-
-
-@compiles(database_now, "sqlite")
-def _sqlite_now(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
-    clauses = list(element.clauses)
-    shift = f", printf('%+.6f seconds', {compiler.process(clauses[0], **kw)})" if clauses else ""
-    return f"(strftime('%Y-%m-%d %H:%M:%f', 'now'{shift}) || '000')"
-
-
-def _in(seconds: float | sa.BindParameter[float]) -> database_now:
-    """``seconds`` from now on the database's clock."""
-    if isinstance(seconds, sa.BindParameter):
-        return database_now(seconds)
-    return database_now(sa.literal(float(seconds), sa.Float()))
-
-
-def _start_statement(*, of_job: bool, without_decisions: bool) -> sa.Update:
-    """The ``UPDATE`` of :meth:`SqlRunStore.start`: a runnable run whose lease has ended
-    becomes ``in_progress`` under the next attempt and a new lease; with ``of_job``, only for
-    the job bound as ``job`` (or a run that names none); with ``without_decisions``, only a
-    run holding no accepted decisions."""
-    where = [
-        _BY_RUN_ID,
-        _RUNS.status.in_([s.value for s in _RUNNABLE]),
-        sa.or_(_RUNS.lease_until.is_(None), _RUNS.lease_until <= database_now()),
-    ]
-    if of_job:
-        job = sa.bindparam("job", type_=sa.String())
-        where.append(sa.or_(_RUNS.job_id.is_(None), _RUNS.job_id == job))
-    if without_decisions:
-        where.append(_RUNS.decisions.is_(None))
-    return (
-        sa.update(_RUNS)
-        .where(*where)
-        .values(
-            status=RunStatus.IN_PROGRESS.value,
-            attempt=_RUNS.attempt + 1,
-            version=_RUNS.version + 1,
-            lease_until=_in(sa.bindparam("lease", type_=sa.Float())),
-            started_at=sa.func.coalesce(_RUNS.started_at, _NOW),
-            updated_at=_NOW,
-        )
-        .returning(*_RECORD_COLUMNS)
-    )
-
-
-_STARTS: Final = {
-    (of_job, without_decisions): _start_statement(
-        of_job=of_job, without_decisions=without_decisions
-    )
-    for of_job in (False, True)
-    for without_decisions in (False, True)
-}
-"""The start statements by ``(of_job, without_decisions)``, built once."""
-_PROGRESS: Final = (
-    sa.update(_RUNS)
-    .where(_BY_RUN_ID, _RUNS.status == RunStatus.IN_PROGRESS.value)
-    .values(
-        progress_pct=sa.bindparam("pct", type_=sa.Integer()),
-        progress_message=sa.bindparam("message", type_=sa.Text()),
-        updated_at=_NOW,
-    )
-)
-_CHECKPOINT: Final = _checkpoint_insert(of_attempt=False)
-_CHECKPOINT_OF_ATTEMPT: Final = _checkpoint_insert(of_attempt=True)
-
-
-async def _status(conn: AsyncConnection, run_id: str) -> str | None:
-    status = await conn.scalar(sa.select(_RUNS.status).where(_RUNS.run_id == run_id))
-    return str(status) if status is not None else None
-
-
-def _insert_ignoring_duplicates(conn: AsyncConnection) -> sa.Insert:
-    if conn.dialect.name == "postgresql":
-        return postgresql.insert(_RUNS).on_conflict_do_nothing(index_elements=["run_id"])
-    return sqlite.insert(_RUNS).on_conflict_do_nothing(index_elements=["run_id"])
+        return record_of(row._mapping) if row is not None else None
 
 
 # --- checks --------------------------------------------------------------------------------
@@ -1044,94 +789,3 @@ def _check_decisions(run_id: str, state: RunState, decisions: list[ApprovalDecis
             f"run {run_id!r}: more than one decision for {', '.join(twice)}; "
             f"give one decision per call (awaiting: {waiting})",
         )
-
-
-# --- errors --------------------------------------------------------------------------------
-
-
-def _not_found(run_id: str) -> AgentError:
-    return AgentError(ErrorKind.NOT_FOUND, f"no run {run_id!r}")
-
-
-def _not_paused(run_id: str, status: str) -> AgentError:
-    return AgentError(ErrorKind.CONFLICT, f"run {run_id} is {status}, not awaiting approval")
-
-
-def _conflict(run_id: str, status: str, action: str) -> AgentError:
-    return AgentError(ErrorKind.CONFLICT, f"run {run_id} is {status}: cannot {action}")
-
-
-def _decode_error(run_id: str, column: str, problem: str) -> AgentError:
-    return AgentError(
-        ErrorKind.DECODE, f"run {run_id!r}: the stored {column} does not decode: {problem}"
-    )
-
-
-# --- decoding ------------------------------------------------------------------------------
-
-_SUMMARY: Final = TypeAdapter(OutcomeSummary)
-_ERROR: Final = TypeAdapter(ErrorInfo)
-_STATE: Final = TypeAdapter(RunState)
-_DECISIONS: Final = TypeAdapter(list[ApprovalDecision])
-_ARGS: Final = TypeAdapter(dict[str, Any])
-
-
-def _decode(run_id: str, column: str, text: str | None, adapter: TypeAdapter[T]) -> T | None:
-    """A stored JSON value (SQL ``NULL`` or JSON ``null``: ``None``), or a DECODE error."""
-    if text is None or text.strip() == "null":
-        return None
-    try:
-        return adapter.validate_json(text)
-    except ValidationError as error:
-        raise _decode_error(run_id, column, _describe(error)) from error
-
-
-def _record(row: sa.RowMapping) -> RunRecord:
-    run_id = str(row["run_id"])
-    try:
-        status = RunStatus(row["status"])
-    except ValueError as error:
-        raise _decode_error(run_id, "status", f"unknown status {row['status']!r}") from error
-    outcome = _decode(run_id, "outcome", row["outcome"], _SUMMARY)
-    awaiting = (
-        list(outcome.awaiting)
-        if outcome is not None and status is RunStatus.AWAITING_APPROVAL
-        else []
-    )
-    return RunRecord(
-        run_id=run_id,
-        status=status,
-        origin=row["origin"],
-        session_id=row["session_id"],
-        memory_scope=row["memory_scope"],
-        progress_pct=row["progress_pct"],
-        progress_message=row["progress_message"],
-        attempt=row["attempt"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        outcome=outcome,
-        error=_decode(run_id, "error", row["error"], _ERROR),
-        awaiting=awaiting,
-    )
-
-
-def _decode_entry(run_id: str, seq: int, kind: str, payload: str | None) -> JournalEntry:
-    where = f"checkpoint {seq} ({kind})"
-    try:
-        data = json.loads(payload or "")
-        if not isinstance(data, dict):
-            raise ValueError("the payload is not a JSON object")
-        return journal_entry_adapter.validate_python({**data, "kind": kind})
-    except ValidationError as error:
-        raise _decode_error(run_id, where, _describe(error)) from error
-    except ValueError as error:
-        raise _decode_error(run_id, where, str(error)) from error
-
-
-def _describe(error: ValidationError) -> str:
-    first = error.errors(include_url=False)[0]
-    where = ".".join(str(part) for part in first["loc"])
-    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{where or 'value'}: {first['msg']}{more}"

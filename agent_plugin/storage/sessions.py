@@ -27,11 +27,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import aliased
 
+from agent_plugin.compaction import CompactionReport
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.messages import ChatMessage
 from agent_plugin.sessions import (
     CompactionEntry,
-    CompactionReport,
     MessageEntry,
     SessionEntry,
     SessionView,

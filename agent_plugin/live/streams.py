@@ -1,67 +1,27 @@
-"""Live runs across processes: events on Redis Streams served as SSE, cancel and steer.
-
-A worker executing a run publishes its events to one Redis Stream per run
-(:class:`RunEventStream`); any web worker serves them as Server-Sent Events
-(:func:`read_events` + :func:`sse_response`), from the start or from ``Last-Event-ID``. Cancel
-and steering requests reach the worker that runs the run through :class:`RunControlChannel`
-and :class:`ControlWatcher` (one pub/sub connection per process) or :func:`watch` (one run).
-Redis keys, with the default prefix ``agent:run:``::
-
-    agent:run:<run_id>:events    the stream; entries {type, data}; EXPIRE set at every run_end
-    agent:run:<run_id>:cancel    the reason of a cancel request (with a TTL)
-    agent:run:<run_id>:steer     a list of steering messages not yet taken (with a TTL)
-    agent:run:<run_id>:control   the pub/sub channel that wakes the worker up
-
-Nothing leaves the process unredacted: every string of a published event goes through the
-credential patterns of :mod:`agent_plugin.redaction` [OP-35], JSON held in strings (tool
-results) is redacted by field name too, ``password: value`` style assignments in text lose their
-value, and a secret split across text deltas is caught before any part of it is published.
-
-This module is an adapter (it needs ``redis`` and ``starlette``); the core never imports it.
+"""A run's events on a Redis Stream: published redacted by the worker that runs it
+(:class:`RunEventStream`, :class:`EventPublisher`), read by any process from the start or after
+a ``Last-Event-ID`` (:func:`open_events`), with an end built from the run's record when the
+stream lost it. Keys (default prefix ``agent:run:``): ``<prefix><run_id>:events``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, Final
 
 from pydantic import JsonValue
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
-from starlette.exceptions import HTTPException
-from starlette.responses import StreamingResponse
 
-from agent_plugin.cancellation import CancelToken, stop_task
-from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.cancellation import stop_task
+from agent_plugin.errors import AgentError
 from agent_plugin.events import AgentEvent, RunEnded, TextDeltaEvent, ThinkingDeltaEvent
-from agent_plugin.redaction import ASSIGNED_SECRET, redact_deep, redact_text
-from agent_plugin.steering import Steering
-
-__all__ = [
-    "DEFAULT_PREFIX",
-    "ControlWatcher",
-    "EventPublisher",
-    "RunControlChannel",
-    "RunEventStream",
-    "caught_up_with_end",
-    "parse_event_id",
-    "public_payload",
-    "read_events",
-    "replay_response",
-    "run_events_response",
-    "sse_response",
-    "stream_key",
-    "watch",
-]
+from agent_plugin.redaction import ASSIGNED_SECRET, redact_deep
 
 logger = logging.getLogger("agent_plugin.live")
 
@@ -105,7 +65,7 @@ _HELD_WORDS: Final = 3
 _MAX_HELD: Final = 4096
 
 
-class _DeltaGuard:
+class DeltaGuard:
     """Holds back the tail of streamed text until no secret can straddle what is published.
 
     A key may arrive split over several deltas (``sk-an`` + ``t-api03...``); each piece alone
@@ -189,7 +149,7 @@ class RunEventStream:
         self.ttl_after_pause = ttl_after_pause
         self.prefix = prefix
         self.key = stream_key(run_id, prefix)
-        self._guard = _DeltaGuard()
+        self._guard = DeltaGuard()
 
     def __repr__(self) -> str:
         return f"RunEventStream(key={self.key!r}, maxlen={self.maxlen})"
@@ -483,7 +443,7 @@ async def _missing_end_id(
     it had the end this sends already).
 
     The end goes right after the stream's last entry (``0-1`` without a stream, as in
-    :func:`replay_response`), where no entry of the run will ever be: entries that come later
+    :func:`open_events`), where no entry of the run will ever be: entries that come later
     have later ids, and a reader that reconnects from there has seen it.
     """
     latest = await redis.xrevrange(key, count=1)
@@ -556,349 +516,49 @@ async def read_events(
                     return
 
 
-# --- Server-Sent Events ----------------------------------------------------------------------
-
-_SSE_HEADERS: Final = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-def _frame(entry_id: str, event: Mapping[str, Any]) -> str:
-    kind = str(event.get("type", "message")).replace("\n", " ").replace("\r", " ")
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return f"id: {entry_id}\nevent: {kind}\ndata: {data}\n\n"
+async def _replayed(events: Sequence[AgentEvent]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """``events`` that are not in Redis, redacted like published ones, with ids ``0-1``,
+    ``0-2``, ...: for a finished run whose stream has expired, its end from its record."""
+    for number, event in enumerate(events, start=1):
+        yield f"0-{number}", public_payload(event)
 
 
-def _error_frame(error: BaseException) -> str:
-    if isinstance(error, AgentError):
-        info = {"kind": error.kind.value, "message": error.message}
-    else:
-        info = {"kind": ErrorKind.UNAVAILABLE.value, "message": redact_text(str(error))}
-    return f"event: error\ndata: {json.dumps(info, ensure_ascii=False)}\n\n"
-
-
-_DONE: Final = object()
-
-
-def sse_response(
-    events: AsyncIterator[tuple[str, Mapping[str, Any]]],
-    *,
-    keepalive: float = 15.0,
-    retry_ms: int | None = 2000,
-    buffer: int = 16,
-) -> StreamingResponse:
-    """Serve ``(id, event)`` pairs as Server-Sent Events.
-
-    Each event is ``id: <entry id>``, ``event: <type>``, ``data: <json>``; a ``: keep-alive``
-    comment goes out whenever nothing was sent for ``keepalive`` seconds; ``retry`` tells the
-    browser how soon to reconnect. At most ``buffer`` frames wait for a slow client (the reading
-    then waits too: memory per connection is bounded, and the worker, which only writes to
-    Redis, never waits for a client). If reading fails, one ``error`` event ends the stream.
-    """
-
-    async def frames() -> AsyncIterator[str]:
-        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=buffer)
-
-        async def pump() -> None:
-            try:
-                async for entry_id, event in events:
-                    await queue.put(_frame(entry_id, event))
-            except Exception as error:
-                if not isinstance(error, AgentError | RedisError | OSError | TimeoutError):
-                    logger.exception("reading run events failed")
-                await queue.put(error)
-            else:
-                await queue.put(_DONE)
-
-        task = asyncio.ensure_future(pump())
-        getter: asyncio.Future[object] | None = None
-        try:
-            if retry_ms is not None:
-                yield f"retry: {retry_ms}\n\n"
-            while True:
-                if getter is None:
-                    getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({getter}, timeout=keepalive)
-                if not done:  # the same getter waits on: nothing is lost to the timeout
-                    yield ": keep-alive\n\n"
-                    continue
-                item = getter.result()
-                getter = None
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    yield _error_frame(item)
-                    return
-                assert isinstance(item, str)
-                yield item
-        finally:
-            if getter is not None:
-                getter.cancel()
-            await stop_task(task)
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
-
-    return StreamingResponse(frames(), media_type="text/event-stream", headers=_SSE_HEADERS)
-
-
-def run_events_response(
+async def open_events(
     redis: Redis,
     run_id: str,
     *,
+    ended: RunEnded | None,
     last_event_id: str | None = None,
     follow: bool = False,
-    keepalive: float = 15.0,
-    block_ms: int = 15_000,
     prefix: str = DEFAULT_PREFIX,
     recorded_end: RecordedEnd | None = None,
+    block_ms: int = 15_000,
     check_every: float = 15.0,
-) -> StreamingResponse:
-    """What ``GET {prefix}/runs/{run_id}/events`` answers: the run's events as SSE.
+) -> AsyncIterator[tuple[str, dict[str, Any]]] | None:
+    """What a reader of the run's events gets: ``None`` when it has seen the run's end
+    already (a route answers 204, which stops an ``EventSource``), else the events as
+    ``(entry id, event JSON)`` pairs.
 
-    ``last_event_id`` is the ``Last-Event-ID`` header (or a query parameter); one that is not a
-    stream entry id is a 400. Check :func:`caught_up_with_end` first to answer 204 instead.
-    ``recorded_end`` and ``check_every``: an end the stream lacks comes from the run's record
-    (see :func:`read_events`).
+    ``ended`` is the run's final ``run_end`` as its record says (``None`` while the run has
+    not finished). A finished run whose stream expired replays that end alone. Otherwise the
+    events come from the stream (:func:`read_events`, with ``recorded_end`` for an end the
+    stream lacks). ``last_event_id`` must be a stream entry id (a ``config`` error if not).
     """
-    if last_event_id is not None and parse_event_id(last_event_id) is None:
-        raise HTTPException(status_code=400, detail="Last-Event-ID is not an event id")
-    events = read_events(
+    cursor = _checked_id(last_event_id)
+    finished = ended is not None
+    if await caught_up_with_end(redis, run_id, last_event_id, prefix=prefix, finished=finished):
+        return None
+    if ended is not None and not await redis.exists(stream_key(run_id, prefix)):
+        if last_event_id is not None:
+            return None
+        return _replayed([ended])
+    return read_events(
         redis,
         run_id,
-        last_event_id=last_event_id,
+        last_event_id=cursor if last_event_id is not None else None,
         block_ms=block_ms,
         follow=follow,
         prefix=prefix,
         recorded_end=recorded_end,
         check_every=check_every,
     )
-    return sse_response(events, keepalive=keepalive)
-
-
-def replay_response(events: Sequence[AgentEvent]) -> StreamingResponse:
-    """SSE of ``events`` that are not in Redis, redacted like published ones, with ids
-    ``0-1``, ``0-2``, ...: for a finished run whose stream has expired, the ``run_end`` built
-    from its record."""
-
-    async def pairs() -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
-        for number, event in enumerate(events, start=1):
-            yield f"0-{number}", public_payload(event)
-
-    return sse_response(pairs(), retry_ms=None)
-
-
-# --- cancel and steer across workers ---------------------------------------------------------
-
-
-class RunControlChannel:
-    """Cancel and steering requests for one run, from any process to the one running it.
-
-    Requests are stored in Redis (so a worker that starts later still sees them) and announced
-    on a pub/sub channel (so the running worker reacts at once). Keys live ``ttl`` seconds.
-    """
-
-    def __init__(
-        self, redis: Redis, run_id: str, *, prefix: str = DEFAULT_PREFIX, ttl: int = 86_400
-    ) -> None:
-        self.redis = redis
-        self.run_id = run_id
-        self.ttl = ttl
-        self.cancel_key = f"{prefix}{run_id}:cancel"
-        self.steer_key = f"{prefix}{run_id}:steer"
-        self.channel = f"{prefix}{run_id}:control"
-
-    def __repr__(self) -> str:
-        return f"RunControlChannel(run_id={self.run_id!r})"
-
-    async def request_cancel(self, reason: str = "cancelled") -> None:
-        """Ask the run to stop; it ends ``cancelled`` with ``reason`` at its next boundary."""
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(self.cancel_key, reason, ex=self.ttl)
-        pipe.publish(self.channel, "cancel")
-        await pipe.execute()
-
-    async def send_steering(self, text: str) -> None:
-        """Queue a user message that joins the run before its next model call [OP-11]."""
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.rpush(self.steer_key, text)
-        pipe.expire(self.steer_key, self.ttl)
-        pipe.publish(self.channel, "steer")
-        await pipe.execute()
-
-    async def cancel_requested(self) -> str | None:
-        """The reason of a pending cancel request, if there is one."""
-        value = await self.redis.get(self.cancel_key)
-        return None if value is None else _text(value)
-
-    async def take_steering(self) -> list[str]:
-        """Every queued steering message, oldest first; they are gone from Redis afterwards."""
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.lrange(self.steer_key, 0, -1)
-        pipe.delete(self.steer_key)
-        taken, _ = await pipe.execute()
-        return [_text(item) for item in taken]
-
-    async def apply(self, cancel: CancelToken, steering: Steering | None) -> None:
-        """Carry pending requests over to a local token and steering queue, in one round trip
-        (the cancel request read, the steering messages taken)."""
-        ask_cancel = not cancel.cancelled
-        if not ask_cancel and steering is None:
-            return
-        pipe = self.redis.pipeline(transaction=True)
-        if ask_cancel:
-            pipe.get(self.cancel_key)
-        if steering is not None:
-            pipe.lrange(self.steer_key, 0, -1)
-            pipe.delete(self.steer_key)
-        replies = await pipe.execute()
-        if ask_cancel and replies[0] is not None:
-            cancel.cancel(_text(replies[0]))
-        if steering is not None:
-            for text in replies[-2]:
-                steering.send(_text(text))
-
-
-@dataclass(frozen=True, slots=True)
-class _Watched:
-    """One run a :class:`ControlWatcher` carries requests to."""
-
-    channel: RunControlChannel
-    cancel: CancelToken
-    steering: Steering | None
-
-    async def apply(self) -> None:
-        await self.channel.apply(self.cancel, self.steering)
-
-
-class ControlWatcher:
-    """Cancel and steering requests for every run one process runs, over one pub/sub
-    connection.
-
-    A worker runs many runs at once: a connection, a ``SUBSCRIBE`` and an ``UNSUBSCRIBE`` per
-    run would cost more than the requests they wait for (which are rare). The watcher
-    subscribes once to the pattern of every run's control channel (``<prefix>*:control``),
-    carries each notice to the runs of this process it names, and checks Redis for each of
-    them every ``poll`` seconds anyway (a notice lost with a dropped connection is not a lost
-    request). Redis trouble is logged and never ends a run. Start it (or let the first
-    :meth:`watch` start it) and :meth:`aclose` it when the process stops.
-    """
-
-    def __init__(self, redis: Redis, *, prefix: str = DEFAULT_PREFIX, poll: float = 1.0) -> None:
-        self.redis = redis
-        self.prefix = prefix
-        self.poll = poll
-        self.pattern = _GLOB_SPECIAL.sub(r"\\\g<0>", prefix) + "*" + _CONTROL_SUFFIX
-        self._runs: dict[str, list[_Watched]] = {}
-        self._pubsub: PubSub | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._starting = asyncio.Lock()
-
-    def __repr__(self) -> str:
-        return f"ControlWatcher(pattern={self.pattern!r}, runs={len(self._runs)})"
-
-    async def start(self) -> None:
-        """Subscribe (once) and start carrying notices; Redis errors propagate."""
-        async with self._starting:
-            if self._task is not None:
-                return
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.psubscribe(self.pattern)
-                # the subscription is in place before any run takes its first look
-                await pubsub.get_message(timeout=_SUBSCRIBE_WAIT)
-            except BaseException:
-                await _close_pubsub(pubsub)
-                raise
-            self._pubsub = pubsub
-            self._task = asyncio.ensure_future(self._listen(pubsub))
-
-    @asynccontextmanager
-    async def watch(
-        self, run_id: str, cancel: CancelToken, steering: Steering | None = None
-    ) -> AsyncIterator[RunControlChannel]:
-        """While inside, cancel and steering requests for ``run_id`` reach ``cancel`` and
-        ``steering``: what was requested before is taken first (a cancel that came before the
-        worker started), then each request as its notice arrives."""
-        await self.start()
-        watched = _Watched(
-            RunControlChannel(self.redis, run_id, prefix=self.prefix), cancel, steering
-        )
-        self._runs.setdefault(run_id, []).append(watched)
-        try:
-            await watched.apply()
-            yield watched.channel
-        finally:
-            others = [w for w in self._runs.pop(run_id, []) if w is not watched]
-            if others:
-                self._runs[run_id] = others
-
-    async def aclose(self) -> None:
-        """Stop carrying notices and close the pub/sub connection."""
-        task, self._task = self._task, None
-        if task is not None:
-            await stop_task(task)
-        pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
-            with contextlib.suppress(RedisError, OSError, TimeoutError):
-                await pubsub.punsubscribe(self.pattern)
-            await _close_pubsub(pubsub)
-
-    async def _listen(self, pubsub: PubSub) -> None:
-        loop = asyncio.get_running_loop()
-        next_check = loop.time() + self.poll
-        failing = False
-        while True:
-            try:
-                wait = max(next_check - loop.time(), 0.0)
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
-                if message is not None:
-                    targets = self._runs.get(self._run_of(message.get("channel")), [])
-                else:
-                    targets = [w for watched in self._runs.values() for w in watched]
-                    next_check = loop.time() + self.poll
-                for watched in targets:
-                    await watched.apply()
-                failing = False
-            except (RedisError, OSError, TimeoutError) as error:
-                if not failing:
-                    logger.warning("control channels (%s): trouble: %s", self.pattern, error)
-                failing = True
-                await asyncio.sleep(self.poll)
-
-    def _run_of(self, channel: object) -> str:
-        name = _text(channel) if isinstance(channel, bytes | str) else ""
-        if name.startswith(self.prefix) and name.endswith(_CONTROL_SUFFIX):
-            return name[len(self.prefix) : -len(_CONTROL_SUFFIX)]
-        return ""
-
-
-_CONTROL_SUFFIX: Final = ":control"
-_GLOB_SPECIAL: Final = re.compile(r"[*?\[\]\\]")
-_SUBSCRIBE_WAIT: Final = 5.0
-
-
-async def _close_pubsub(pubsub: PubSub) -> None:
-    close: Callable[[], Awaitable[None]] = pubsub.aclose  # untyped in redis-py
-    await close()
-
-
-@asynccontextmanager
-async def watch(
-    redis: Redis,
-    run_id: str,
-    cancel: CancelToken,
-    steering: Steering | None = None,
-    *,
-    prefix: str = DEFAULT_PREFIX,
-    poll: float = 1.0,
-) -> AsyncIterator[RunControlChannel]:
-    """While inside, cancel and steering requests for ``run_id`` reach ``cancel`` and
-    ``steering``: :meth:`ControlWatcher.watch` with a watcher (and a pub/sub connection) of
-    its own. A process that runs many runs at once shares one :class:`ControlWatcher`.
-    """
-    watcher = ControlWatcher(redis, prefix=prefix, poll=poll)
-    try:
-        async with watcher.watch(run_id, cancel, steering) as channel:
-            yield channel
-    finally:
-        await watcher.aclose()

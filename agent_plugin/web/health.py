@@ -1,31 +1,10 @@
-"""The ``agent`` health component: is the model provider reachable? [AP-51]
+"""Health routes: the ``agent`` component (is the model provider reachable?) on
+``GET {health_path}``, and readiness on ``GET {health_path}/ready``.
 
-:class:`AgentHealth` reports one component, ``agent``::
-
-    {"status": "UP", "details": {"provider": "openai-compatible", "models": 42}}
-
-* before the plugin has started (and after it stopped) it is DOWN with the detail
-  ``error: "agent plugin has not finished starting"``;
-* afterwards it asks the runtime's own client (the one every agent of the app uses) for its model
-  list: UP with the provider and the number of models, or DOWN with the provider and the error.
-
-A check is **time-limited** (``timeout_secs``, 2 s by default: a hanging provider gives DOWN
-with ``did not answer within 2 s``) and **cached** (``cache_secs``, 5 s by default), and
-concurrent requests share one check, so a slow or failing provider never makes a health route
-slow and a busy route never floods the provider.
-
-The component is *health-only* (:attr:`AgentHealth.group`): it is shown on the health route but
-never gates readiness, because an app whose model provider has a bad minute can still serve
-everything else. :func:`health_router` adds ``GET {path}`` (200 when UP, 503 when DOWN, with the
-``agent`` component) and ``GET {path}/ready`` (readiness: the plugin has started; the agent
-component is left out).
-
-An app with its own health route includes the component instead; the plugin then adds no route
-at that path::
-
-    @app.get("/health")
-    async def health(agent: Annotated[ComponentHealth, Depends(plugin.health.check)]):
-        return {"status": agent.status, "components": {"agent": agent, "db": ...}}
+A check is time-limited and cached, and concurrent requests share one check, so a slow or
+failing provider never makes a health route slow and a busy route never floods the provider.
+The component is health-only: it never gates readiness. An app with its own health route
+includes :meth:`AgentHealth.check` in it instead (``docs/deployment.md``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,729 @@
+"""One delivery of a run's job: start the run (or find it over or held elsewhere), drive it
+from its checkpoints, record how it ended, and answer one :data:`Verdict`.
+
+The verdict is the whole outcome of the delivery: :class:`Done` (the job ends, its run
+recorded), :class:`RetryIn` (deliver the job again in so many seconds: a retry's backoff, or
+Redis or the database out of reach) or :class:`Superseded` (another delivery holds the run;
+come back later, touching nothing). The worker turns it into arq's answer in one place.
+
+While the delivery runs, a :class:`Keeper` renews arq's claim on the job, the session lock
+and the run's lease in the database; the session lock is settled once, from the verdict
+and the :class:`Stage` the delivery reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final, TypeAlias
+
+from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
+from agent_plugin import sessions
+from agent_plugin.cancellation import CancelToken, stop_task
+from agent_plugin.errors import AgentError, ErrorKind, describe
+from agent_plugin.events import AgentEvent, OutcomeSummary, RetryScheduled, RunEnded
+from agent_plugin.jobs.args import RunArgs
+from agent_plugin.jobs.queue import RunQueue
+from agent_plugin.jobs.redis import SessionLock, ms, quietly
+from agent_plugin.journal import Appended, JournalEntry, Replied, RoundDone, Started, recover
+from agent_plugin.live import ControlWatcher, RunEventStream
+from agent_plugin.options import EventSink, RunOptions
+from agent_plugin.outcomes import AgentOutcome, AwaitingApproval, RunState
+from agent_plugin.proactive import DEFAULT_DELIVERY_TIMEOUT, ReportSource, deliver_outcome
+from agent_plugin.records import RunRecord, RunStatus
+from agent_plugin.runtime import AgentRuntime
+from agent_plugin.steering import Steering
+
+__all__ = [
+    "Attempt",
+    "Done",
+    "Keeper",
+    "ProgressAtCheckpoints",
+    "RetryIn",
+    "Stage",
+    "Superseded",
+    "Verdict",
+    "progress_of",
+]
+
+logger = logging.getLogger("agent_plugin.jobs")
+
+_REPORTABLE: Final = frozenset({RunStatus.COMPLETE, RunStatus.AWAITING_APPROVAL})
+_MARKER_TTL: Final = 86_400
+
+
+# --- the verdict ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The job is over: arq records ``status``. ``ended`` is how the run ended (what its
+    report tells, for a run with delivery on), when this delivery knows it."""
+
+    status: str
+    ended: AgentOutcome | OutcomeSummary | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryIn:
+    """Deliver the job again in ``seconds``. ``keep_session``: the run keeps its session lock
+    through the wait (a retry's backoff); otherwise a lock this delivery took goes."""
+
+    seconds: float
+    keep_session: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Superseded:
+    """Another delivery holds the run, or waits out its backoff: everything, the session lock
+    too, is left to it. ``seconds``: come back then (the job must stay queued while that
+    delivery lives); ``None``: the job is over."""
+
+    seconds: float | None
+
+
+Verdict: TypeAlias = Done | RetryIn | Superseded
+
+
+class Stage(Enum):
+    """How far a delivery got; it decides whose the session lock is."""
+
+    WAITING = "waiting"
+    """Not started: waiting for the session, or the start was refused."""
+    RUNNING = "running"
+    """This delivery started the run (:attr:`Attempt.attempt` is its number)."""
+    FOUND_OVER = "found_over"
+    """The run had ended (or paused) before this delivery: a lock in its name is left over."""
+    SUPERSEDED = "superseded"
+    """Another delivery took the run over."""
+
+
+# --- progress -------------------------------------------------------------------------------
+
+
+def progress_of(steps_used: int, max_steps: int) -> tuple[int, str]:
+    """The percentage and message of a run before a model call.
+
+    ``min(steps, max) * 99 // max`` with ``max = max(max_steps, 1)`` (a run reads 100 only
+    when it is complete), and ``"step <steps> of <max_steps>"``.
+    """
+    top = max(max_steps, 1)
+    return min(steps_used, top) * 99 // top, f"step {steps_used} of {max_steps}"
+
+
+class ProgressAtCheckpoints:
+    """The run's progress, written with the checkpoint that comes before each model call.
+
+    The model is asked only after a checkpoint of one of these: ``started`` (the run begins or
+    resumes), ``round_done`` (a round of tool calls ended) or ``appended`` (steering joined),
+    so writing ``progress_of(steps, max_steps)`` in the same transaction as those entries
+    reports the progress before every model call without a transaction of its own.
+    ``steps`` is what the latest ``started`` or ``replied`` entry counted: what the run's
+    ``steps_used`` is when it next asks the model.
+    """
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self.steps = 0
+
+    def __call__(self, entry: JournalEntry) -> tuple[int, str] | None:
+        if isinstance(entry, Replied):
+            self.steps = entry.steps_used
+            return None
+        if isinstance(entry, Started):
+            self.steps = entry.state.steps_used
+        elif not isinstance(entry, RoundDone | Appended):
+            return None
+        return progress_of(self.steps, self.max_steps)
+
+
+# --- what a running delivery holds ---------------------------------------------------------
+
+
+class Keeper:
+    """Renews what a running job holds: arq's in-progress key of the job and its session lock,
+    and the run's lease in the database once the delivery has started the run.
+
+    The two are renewed by separate tasks, so a Redis outage (whose commands a worker retries
+    for about 15 s) does not let the database lease lapse, which would let another worker take
+    the run over when Redis is back, and a database outage does not cost the claim in Redis.
+    """
+
+    def __init__(
+        self, redis: ArqRedis, job_id: str, lease: float, run_lease: Callable[[], Awaitable[None]]
+    ) -> None:
+        self.redis = redis
+        self.key = in_progress_key_prefix + job_id
+        self.lease = lease
+        self.lock: SessionLock | None = None
+        self.run_lease = run_lease
+        """Renews the run's lease in the database (a no-op until the delivery started it)."""
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Keeper:
+        await self._renew_claim()
+        self._tasks = [
+            asyncio.create_task(self._every_third_of_lease(self._renew_claim), name=self.key),
+            asyncio.create_task(self._every_third_of_lease(self.run_lease), name=self.key),
+        ]
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        for task in self._tasks:
+            await stop_task(task)
+
+    async def _every_third_of_lease(self, renew: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(self.lease / 3)
+            try:
+                await renew()
+            except (AgentError, TimeoutError, RedisError, OSError) as error:
+                logger.warning("cannot renew the lease of %s: %s", self.key, error)
+
+    async def _renew_claim(self) -> None:
+        # SET, not PEXPIRE: a claim deleted while this delivery lives (a superseded delivery of
+        # the same job ended, a Redis restart lost it) comes back, so the job stays protected
+        await self.redis.set(self.key, b"1", px=ms(self.lease))
+        lock = self.lock
+        if lock is not None and lock.held and not await lock.renew(self.lease * 3):
+            logger.warning("run %s lost the lock of session %r", lock.run_id, lock.session_id)
+
+
+@dataclass
+class _Live:
+    """What a delivery hands the running agent: its cancel token and steering queue (fed by
+    the worker's :class:`~agent_plugin.live.ControlWatcher`) and its event sink (``None``: no
+    events)."""
+
+    cancel: CancelToken
+    steering: Steering
+    sink: EventSink | None
+
+
+# --- one delivery ---------------------------------------------------------------------------
+
+
+class Attempt:
+    """One delivery of ``agent_run`` or (``resume``) ``agent_resume`` for one run."""
+
+    def __init__(
+        self,
+        runtime: AgentRuntime,
+        queue: RunQueue,
+        redis: ArqRedis,
+        watcher: ControlWatcher,
+        run_id: str,
+        *,
+        job_id: str,
+        resume: bool = False,
+    ) -> None:
+        self.runtime = runtime
+        self.queue = queue
+        self.store = queue.store
+        self.options = queue.options
+        self.redis = redis
+        self.watcher = watcher
+        self.run_id = run_id
+        self.job_id = job_id
+        self.resume = resume
+        self.stage = Stage.WAITING
+        self.attempt: int | None = None
+        """The run's attempt number this delivery started (once :attr:`stage` is RUNNING)."""
+        self.session: str | None = None
+        self.live: _Live | None = None
+        self.stream: RunEventStream | None = None
+        self.held_end: RunEnded | None = None
+        """The agent's own ``run_end``: published once the record says how the run ended."""
+
+    @property
+    def lock_ttl(self) -> float:
+        """How long a session lock outlives a dead worker: three leases, so the run's own
+        re-delivery (after one lease) normally takes it back first."""
+        return self.options.lease * 3
+
+    async def run(self) -> Verdict:
+        """Deliver the job once, and report how the run ended when it has delivery on.
+
+        Redis or the database out of reach: deliver it again a lease later (bounded by
+        ``max_deliveries``) instead of letting arq drop it. A run that cannot even start (its
+        stored arguments do not decode) raises its error.
+        """
+        async with Keeper(self.redis, self.job_id, self.options.lease, self._renew_lease) as keeper:
+            try:
+                try:
+                    args = _decoded(self.run_id, await self.store.args(self.run_id))
+                except AgentError as error:
+                    if error.kind is not ErrorKind.NOT_FOUND:
+                        raise
+                    logger.warning("job %s: there is no run %s", self.job_id, self.run_id)
+                    return Done("unknown")
+                self.session = args.overrides.session
+                lock = None
+                if self.session is not None:
+                    prefix = self.options.key_prefix
+                    lock = keeper.lock = SessionLock(
+                        self.redis, self.session, self.run_id, prefix=prefix
+                    )
+                verdict = await self._within_timeout(args, lock)
+            except (AgentError, RedisError, OSError, TimeoutError) as error:
+                if isinstance(error, AgentError) and not error.retryable:
+                    await self.fail_unstarted(error)
+                    raise
+                lease = self.options.lease
+                logger.warning("run %s: %s; trying again in %g s", self.run_id, error, lease)
+                return RetryIn(lease, keep_session=False)
+            if isinstance(verdict, Done) and args.deliver and verdict.ended is not None:
+                await self._report(args, verdict.ended)
+            return verdict
+
+    async def _within_timeout(self, args: RunArgs, lock: SessionLock | None) -> Verdict:
+        timeout = self.queue.job_timeout
+        limit = asyncio.timeout(timeout)
+        waiting = lock is not None
+        verdict: Verdict | None = None
+        try:
+            try:
+                async with limit:
+                    if lock is not None:
+                        await lock.wait(self.lock_ttl, free=self._session_free)
+                        waiting = False
+                    verdict = await self._start_and_drive(args)
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+                if waiting and lock is not None:
+                    error = AgentError(
+                        ErrorKind.CONFLICT,
+                        f"session {lock.session_id!r} stayed busy for {timeout:g} s",
+                    )
+                else:
+                    error = AgentError(
+                        ErrorKind.BUDGET,
+                        f"the run did not finish within the job timeout ({timeout:g} s)",
+                    )
+                verdict = await self._fail(error, self.attempt)
+            return verdict
+        except asyncio.CancelledError:  # the worker is shutting down; arq runs the job again
+            if self.attempt is not None:  # (a run it never started may be another's to run)
+                requeue = self.store.requeue(self.run_id, attempt=self.attempt)
+                await asyncio.shield(quietly(requeue))
+            raise
+        finally:
+            await self._settle_lock(lock, verdict)
+
+    async def _settle_lock(self, lock: SessionLock | None, verdict: Verdict | None) -> None:
+        """Release (or, through a retry's backoff, keep) the session lock, if it is this
+        delivery's: it ran the run, found the run over, or took the lock while it was free.
+        Otherwise it belongs to the run's enqueue or to another delivery."""
+        if lock is None or not lock.held or isinstance(verdict, Superseded):
+            return
+        ours = self.stage in (Stage.RUNNING, Stage.FOUND_OVER) or lock.taken
+        if not ours or self.stage is Stage.SUPERSEDED:
+            return
+        if isinstance(verdict, RetryIn) and verdict.keep_session:
+            await quietly(lock.renew(verdict.seconds + self.lock_ttl))
+        else:
+            await asyncio.shield(quietly(lock.release()))
+
+    async def _session_free(self) -> bool:
+        """No other run of the session is in progress (one that crashed holding the session
+        must finish first: it continues from checkpoints made on the session as it was)."""
+        if self.session is None:
+            return True
+        activity = await self.store.session_activity(self.session, besides=self.run_id)
+        return not activity.in_progress
+
+    async def _start_and_drive(self, args: RunArgs) -> Verdict:
+        try:
+            record = await self.store.start(
+                self.run_id, job_id=self.job_id, lease=self.options.lease, resume=self.resume
+            )
+        except AgentError as error:  # a duplicate delivery of a run that moved on
+            if error.kind not in (ErrorKind.CONFLICT, ErrorKind.NOT_FOUND):
+                raise
+            if error.retry_after is not None:  # held: by a live delivery, or a retry's backoff
+                return self._held_elsewhere(error.retry_after, error)
+            return await self._current_status()
+        self.stage = Stage.RUNNING
+        attempt = self.attempt = record.attempt
+        if attempt > self.options.max_deliveries:
+            return await self._give_up(attempt)
+        try:
+            outcome = await self._drive(record, args)
+            record = await self.store.finish(self.run_id, outcome, attempt=attempt)
+            await self._publish_end(self.held_end or RunEnded.of(self.run_id, outcome))
+        except AgentError as error:
+            return await self._failed(error, attempt)
+        except Exception as error:  # a bug in app code (a hook, a policy, a store)
+            message = describe(error)
+            logger.error("run %s failed unexpectedly: %s", self.run_id, message)
+            logger.debug("run %s: traceback", self.run_id, exc_info=True)
+            return await self._failed(AgentError(ErrorKind.INTERNAL, message), attempt)
+        logger.info("run %s %s", self.run_id, record.status)
+        if attempt > 1:  # retries are counted only by attempts before this one
+            await self._forget_retries()
+        return Done(record.status, ended=outcome)
+
+    async def _current_status(self) -> Verdict:
+        current = await self.store.get(self.run_id)
+        if current is None:
+            return Done("unknown")
+        # ended, or paused with no resume queued: a lock held in the run's name is left over
+        # from a delivery that died before releasing it
+        if current.status.finished or current.status is RunStatus.AWAITING_APPROVAL:
+            self.stage = Stage.FOUND_OVER
+        await self._end_stream_of(current)
+        reportable = current.outcome is not None and current.status in _REPORTABLE
+        return Done(current.status, ended=current.outcome if reportable else None)
+
+    async def _end_stream_of(self, record: RunRecord) -> None:
+        """Give the event stream of a run found ended its ``run_end`` when it lacks one (the
+        worker died between the record and the event): readers stop waiting, and the stream
+        expires as after any end."""
+        ended = record.status.finished or record.status is RunStatus.AWAITING_APPROVAL
+        if not (self.options.events and ended):
+            return
+        stream = self._event_stream()
+        try:
+            last = await self.redis.xrevrange(stream.key, count=1)
+        except (RedisError, OSError, TimeoutError) as error:
+            logger.warning("run %s: cannot read its event stream: %s", self.run_id, error)
+            return
+        if not last or last[0][1].get(b"type") == b"run_end":
+            return  # no stream (expired, or events were off), or it ended already
+        logger.info("run %s: its event stream lacked its end; sent from the record", self.run_id)
+        await self._publish_end(
+            RunEnded(run_id=self.run_id, summary=record.outcome, error=record.error)
+        )
+
+    def _held_elsewhere(self, remaining: float, why: AgentError) -> Superseded:
+        """The run is held by a live delivery (this job's claim in Redis vanished, or another
+        job's delivery runs it) or waits for a retry's backoff: come back when that ends,
+        leaving everything (the session lock too) to its holder."""
+        logger.info("run %s: %s", self.run_id, why.message)
+        self.stage = Stage.SUPERSEDED
+        return Superseded(max(remaining, 0.05) + random.uniform(0, 0.1))
+
+    async def _superseded(self, why: object) -> Superseded:
+        """A later delivery took this one's run over: everything is left to it (the session
+        lock too), and while it runs the job stays queued under it (ending the job here would
+        take it off the queue, and a crash of that delivery would then lose the run)."""
+        logger.warning("run %s was taken over by another delivery: %s", self.run_id, why)
+        self.stage = Stage.SUPERSEDED
+        current = await self.store.get(self.run_id)
+        if current is not None and current.status is RunStatus.IN_PROGRESS:
+            return Superseded(2 * self.options.lease)
+        return Superseded(None)
+
+    async def _give_up(self, attempt: int) -> Verdict:
+        """Fail a run started more often than ``max_deliveries`` (a run whose worker keeps
+        dying: out of memory, say). Deliveries that never started it do not count."""
+        error = AgentError(
+            ErrorKind.UNAVAILABLE,
+            f"the run was started {attempt - 1} times without finishing (its worker stopped "
+            "each time); giving up",
+        )
+        return await self._fail(error, attempt)
+
+    async def _fail(self, error: AgentError, attempt: int | None) -> Verdict:
+        """Record that ``error`` ended the run and publish its end; a run a later delivery
+        took over is left to that one."""
+        try:
+            await self.store.fail(self.run_id, error.info(), attempt=attempt)
+        except AgentError as refused:
+            if refused.kind is not ErrorKind.CONFLICT:
+                raise
+            return await self._superseded(refused)
+        await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
+        return Done(RunStatus.FAILED)
+
+    async def _failed(self, error: AgentError, attempt: int) -> Verdict:
+        """Record the error (or schedule a retry); if the database or Redis is down so that
+        neither can be recorded, the whole delivery is tried again a lease later."""
+        try:
+            return await self._record_failure(error, attempt)
+        except (AgentError, RedisError, OSError, TimeoutError) as trouble:
+            if isinstance(trouble, AgentError) and not trouble.retryable:
+                raise
+            logger.warning("run %s: cannot record how it ended (%s); later", self.run_id, trouble)
+            return RetryIn(self.options.lease)
+
+    async def _record_failure(self, error: AgentError, attempt: int) -> Verdict:
+        if not await self._still_ours(attempt):
+            return await self._superseded(error)
+        try:
+            return await self._record_own_failure(error, attempt)
+        except AgentError as refused:  # taken over meanwhile: the moves are fenced by attempt
+            if refused.kind is not ErrorKind.CONFLICT:
+                raise
+            return await self._superseded(refused)
+
+    async def _record_own_failure(self, error: AgentError, attempt: int) -> Verdict:
+        if error.retryable and not self.resume:  # a resume's approved calls may act: no retry
+            retries = int(await self.redis.incr(self._retries_key))
+            await self.redis.expire(self._retries_key, 86_400)
+            if retries < self.options.max_attempts:
+                delay = self.options.backoff(retries, error.retry_after)
+                await self.store.requeue(self.run_id, attempt=attempt, not_before=delay)
+                logger.info(
+                    "run %s: %s; attempt %d of %d in %.1f s",
+                    self.run_id,
+                    error,
+                    retries + 1,
+                    self.options.max_attempts,
+                    delay,
+                )
+                await self._publish_end(
+                    RetryScheduled(
+                        run_id=self.run_id,
+                        attempt=retries + 1,
+                        max_attempts=self.options.max_attempts,
+                        wait_seconds=delay,
+                        error=error.info(),
+                    )
+                )
+                return RetryIn(delay)
+        logger.warning("run %s failed: %s", self.run_id, error)
+        verdict = await self._fail(error, attempt)
+        await self._forget_retries()
+        return verdict
+
+    async def _still_ours(self, attempt: int) -> bool:
+        record = await self.store.get(self.run_id)
+        return (
+            record is not None
+            and record.status is RunStatus.IN_PROGRESS
+            and record.attempt == attempt
+        )
+
+    async def _renew_lease(self) -> None:
+        """Renew the run's lease (the keeper calls this); a run another delivery took over
+        meanwhile is cancelled here, so this delivery stops at its next step instead of
+        running on beside the new one (its checkpoints and its end are refused anyway)."""
+        attempt, live = self.attempt, self.live
+        if attempt is None or self.stage is not Stage.RUNNING:
+            return
+        if await self.store.renew_lease(self.run_id, attempt=attempt, lease=self.options.lease):
+            return
+        current = await self.store.get(self.run_id)
+        if current is None or current.attempt == attempt:
+            return  # it ended: the delivery is finishing
+        logger.warning(
+            "run %s was taken over by attempt %d; attempt %d stops",
+            self.run_id,
+            current.attempt,
+            attempt,
+        )
+        self.stage = Stage.SUPERSEDED
+        if live is not None:
+            live.cancel.cancel("taken over by another delivery")
+
+    async def fail_unstarted(self, error: AgentError) -> None:
+        """Record ``error`` for a queued run that deliveries could not even start (its stored
+        arguments do not decode, say), once ``max_attempts`` of them failed so: the reconciler
+        would otherwise deliver it again and again while the record says ``queued``. (Not at
+        the first: a worker of an older release, during an upgrade, may not read what a newer
+        app stored, and the next delivery may reach a newer worker.) The run's session lock,
+        taken when it was enqueued, goes with it."""
+        if self.stage is not Stage.WAITING:
+            return
+        try:
+            record = await self.store.get(self.run_id)
+            if record is None or record.status is not RunStatus.QUEUED:
+                return
+            key = f"{self.options.key_prefix}unstartable:{self.run_id}"
+            failures = int(await self.redis.incr(key))
+            await self.redis.expire(key, 86_400)
+            if failures < self.options.max_attempts:
+                logger.warning(
+                    "run %s cannot start (%d of %d): %s",
+                    self.run_id,
+                    failures,
+                    self.options.max_attempts,
+                    error,
+                )
+                return
+            await self.store.fail(self.run_id, error.info(), attempt=record.attempt)
+            if record.session_id is not None:
+                prefix = self.options.key_prefix
+                await SessionLock(
+                    self.redis, record.session_id, self.run_id, prefix=prefix
+                ).release()
+            await self.redis.delete(key)
+        except (AgentError, RedisError, OSError, TimeoutError) as trouble:
+            logger.warning("run %s: cannot record that it failed: %s", self.run_id, trouble)
+            return
+        logger.warning("run %s failed before it could start: %s", self.run_id, error)
+        await self._publish_end(RunEnded(run_id=self.run_id, error=error.info()))
+
+    async def _forget_retries(self) -> None:
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            await self.redis.delete(self._retries_key)
+
+    @property
+    def _retries_key(self) -> str:
+        return f"{self.options.key_prefix}retries:{self.run_id}"
+
+    # --- reports ---------------------------------------------------------------------------
+
+    async def _report(self, args: RunArgs, ended: AgentOutcome | OutcomeSummary) -> None:
+        """Deliver how the run ended, once per job (at least once: a worker that dies while
+        delivering is replaced by one that delivers again).
+
+        A marker in Redis (per arq job id) says the report went out, so a re-delivered job
+        that finds its run already ended reports only if its first delivery did not get to.
+        """
+        delivery = self.runtime.delivery
+        source = ReportSource.RESUME if self.resume else ReportSource.for_origin(args.origin)
+        marker = f"{self.options.key_prefix}reported:{self.job_id}"
+        try:
+            if await self.redis.exists(marker):
+                return
+        except (RedisError, OSError, TimeoutError) as error:
+            logger.warning("run %s: cannot check its report marker (%s)", self.run_id, error)
+        await deliver_outcome(
+            delivery,
+            ended,
+            source=source,
+            run_id=self.run_id,
+            session_id=self.session,
+            limit=_delivery_limit(delivery),
+        )
+        try:
+            await self.redis.set(marker, b"1", ex=_MARKER_TTL)
+        except (RedisError, OSError, TimeoutError) as error:
+            logger.warning("run %s: cannot mark its report as sent (%s)", self.run_id, error)
+
+    # --- events ----------------------------------------------------------------------------
+
+    def _event_stream(self) -> RunEventStream:
+        if self.stream is None:
+            self.stream = RunEventStream(
+                self.redis,
+                self.run_id,
+                prefix=self.options.live_prefix,
+                maxlen=self.options.events_maxlen,
+                ttl_after_end=self.options.events_ttl,
+            )
+        return self.stream
+
+    async def _publish_end(self, event: AgentEvent) -> None:
+        """Publish how the run ended (or that it will be retried) once its record says so;
+        events never fail a run."""
+        if not self.options.events:
+            return
+        try:
+            await self._event_stream().publish(event)
+        except (RedisError, OSError, TimeoutError) as error:
+            logger.warning(
+                "run %s: its %s event was not published: %s", self.run_id, event.type, error
+            )
+
+    # --- what the run does -----------------------------------------------------------------
+
+    async def _drive(self, record: RunRecord, args: RunArgs) -> AgentOutcome:
+        """Run :meth:`_drive_live` while the run's events go to its Redis stream and its
+        control channel (cancel, steering) reaches its cancel token and steering queue."""
+        live = self.live = _Live(CancelToken(), Steering(), None)
+        async with contextlib.AsyncExitStack() as stack:
+            if self.options.events:
+                publish = await stack.enter_async_context(self._event_stream().publisher())
+
+                def sink(event: AgentEvent) -> None:
+                    if isinstance(event, RunEnded):  # published by _publish_end, see there
+                        self.held_end = event
+                        return
+                    publish(event)
+
+                live.sink = sink
+            try:
+                await stack.enter_async_context(
+                    self.watcher.watch(self.run_id, live.cancel, live.steering)
+                )
+            except (RedisError, OSError, TimeoutError) as error:
+                logger.warning("run %s: cannot watch its control channel: %s", self.run_id, error)
+            return await self._drive_live(record, args, live)
+
+    async def _drive_live(self, record: RunRecord, args: RunArgs, live: _Live) -> AgentOutcome:
+        """Continue the run from wherever it is: a resume, a checkpoint, or the start."""
+        store = self.store
+        runtime = self.runtime
+        agent = runtime.agent_for(args.overrides, book_followup=self.queue.enqueue_followup)
+        journal = store.journal(
+            self.run_id,
+            attempt=record.attempt,
+            progress=ProgressAtCheckpoints(agent.budget.max_steps),
+        )
+        options = RunOptions(
+            run_id=self.run_id,
+            cancel=live.cancel,
+            steering=live.steering,
+            on_event=live.sink,
+            journal=journal,
+        )
+        sessions_store = runtime.session_store
+        first = record.attempt == 1  # never started before: no checkpoints, no pause
+        entries = [] if first else await store.journal_entries(self.run_id)
+        pending = None if first else await store.pending_resume(self.run_id)
+        if pending is not None and not _resume_began(entries, pending[0]):
+            state, decisions = pending
+            turn = await sessions.resume(
+                agent, state, decisions, store=sessions_store, options=options
+            )
+            return turn.outcome
+        recovered = recover(entries)
+        if recovered is not None:
+            if recovered.awaiting():  # it had paused for approval before the worker stopped
+                return AwaitingApproval(state=recovered)
+            turn = await sessions.resume(agent, recovered, store=sessions_store, options=options)
+            return turn.outcome
+        turn = await sessions.run(
+            agent,
+            args.prompt,
+            session=args.overrides.session,
+            store=sessions_store,
+            options=options,
+        )
+        return turn.outcome
+
+
+def _decoded(run_id: str, stored: dict[str, object]) -> RunArgs:
+    try:
+        return RunArgs.model_validate(stored)
+    except ValidationError as error:
+        raise AgentError(
+            ErrorKind.DECODE, f"run {run_id}: the stored arguments do not decode: {error}"
+        ) from None
+
+
+def _resume_began(entries: Sequence[JournalEntry], paused: RunState) -> bool:
+    """Whether a resume of ``paused`` has checkpointed its start (so continue from there).
+
+    A resume records ``started`` with the paused state's messages and the decisions applied
+    (nothing awaits approval any more); the journal of the run before its pause does not.
+    """
+    latest = next((e for e in reversed(entries) if isinstance(e, Started)), None)
+    return (
+        latest is not None
+        and latest.state.messages == paused.messages
+        and not latest.state.awaiting()
+    )
+
+
+def _delivery_limit(delivery: object) -> float:
+    """Seconds a report may take: the delivery's own ``timeout`` and a second, at most
+    :data:`~agent_plugin.proactive.DEFAULT_DELIVERY_TIMEOUT` (the headroom the worker's job
+    timeout leaves for it)."""
+    own = getattr(delivery, "timeout", None)
+    if isinstance(own, int | float) and not isinstance(own, bool) and 0 < own < float("inf"):
+        return min(float(own) + 1.0, DEFAULT_DELIVERY_TIMEOUT)
+    return DEFAULT_DELIVERY_TIMEOUT

@@ -1,0 +1,462 @@
+"""The enqueue side of background runs: :class:`RunQueue` records a run, puts its job on the
+arq queue, accepts decisions for a paused run, cancels and steers runs from any process, and
+reads their records and event streams. Workers run the jobs (:mod:`agent_plugin.jobs.worker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from datetime import datetime
+from typing import Any, cast
+
+from arq.connections import ArqRedis, create_pool
+from arq.constants import job_key_prefix
+from pydantic import BaseModel, ConfigDict
+from redis.exceptions import RedisError
+
+from agent_plugin.config import AgentSettings, mask_url
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.events import RunEnded
+from agent_plugin.jobs.args import RunArgs, RunHandle
+from agent_plugin.jobs.options import JobOptions
+from agent_plugin.jobs.redis import (
+    SessionLock,
+    dumps,
+    heartbeat_key,
+    loads,
+    lock_key,
+    quietly,
+    reaching_redis,
+    redis_error,
+    redis_settings,
+    session_busy,
+)
+from agent_plugin.live import RunControlChannel, RunEventStream, open_events
+from agent_plugin.outcomes import ApprovalDecision
+from agent_plugin.proactive import FollowupPlan
+from agent_plugin.records import RunRecord, RunStatus
+from agent_plugin.storage import SqlRunStore
+
+__all__ = ["AGENT_RESUME", "AGENT_RUN", "HeartbeatStats", "RunQueue"]
+
+logger = logging.getLogger("agent_plugin.jobs")
+
+AGENT_RUN = "agent_run"
+"""The arq function name of a run."""
+AGENT_RESUME = "agent_resume"
+"""The arq function name of a resume after approval."""
+
+
+class HeartbeatStats(BaseModel):
+    """The heartbeat's ticks so far, counted in Redis across every worker of a queue: how
+    many started a check-in run, were skipped (a run of the session was active; the precheck
+    said no) or failed, and the latest tick."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    started: int = 0
+    skipped_busy: int = 0
+    skipped_precheck: int = 0
+    failed: int = 0
+    last_tick_at: datetime | None = None
+    last_status: str | None = None
+    last_run_id: str | None = None
+
+
+class RunQueue:
+    """Background runs seen from an app (or a worker that enqueues follow-ups and ticks).
+
+    Built from the settings (Redis URL, route prefix, session lock policy), the run store and
+    the :class:`JobOptions`. The Redis connection opens on first use (an app that never
+    enqueues never needs Redis); a failure to reach it is an ``unavailable``
+    :class:`AgentError` naming the URL with its password hidden.
+    """
+
+    def __init__(
+        self, settings: AgentSettings, store: SqlRunStore, options: JobOptions | None = None
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.options = options or JobOptions()
+        self._redis: ArqRedis | None = None
+        self._owns_redis = False
+        self._connecting = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"RunQueue(redis={mask_url(self.redis_url)!r}, queue={self.options.queue_name!r})"
+
+    @property
+    def redis_url(self) -> str:
+        return self.settings.redis_url
+
+    @property
+    def job_timeout(self) -> float:
+        return self.options.timeout_for(self.settings.max_run_secs)
+
+    def handle(self, run_id: str) -> RunHandle:
+        """The run's id and where ``GET`` answers its record (``{route_prefix}/runs/{id}``)."""
+        return RunHandle(run_id=run_id, status_path=f"{self.settings.route_prefix}/runs/{run_id}")
+
+    # --- redis -----------------------------------------------------------------------------
+
+    def attach(self, redis: ArqRedis) -> None:
+        """Use a worker's own arq connection (not closed by :meth:`aclose`)."""
+        self._redis = redis
+        self._owns_redis = False
+
+    async def redis(self) -> ArqRedis:
+        """The arq connection, opened on first use."""
+        if self._redis is not None:
+            return self._redis
+        async with self._connecting:
+            if self._redis is None:
+                try:
+                    self._redis = await create_pool(
+                        redis_settings(self.redis_url, worker=False),
+                        default_queue_name=self.options.queue_name,
+                        job_serializer=dumps,
+                        job_deserializer=loads,
+                    )
+                except (TimeoutError, RedisError, OSError) as error:
+                    raise redis_error(self.redis_url, error) from None
+                self._owns_redis = True
+            return self._redis
+
+    async def aclose(self) -> None:
+        """Close the connection this queue opened."""
+        redis, self._redis = self._redis, None
+        if redis is not None and self._owns_redis:
+            await redis.aclose(close_connection_pool=True)
+
+    def _reaching_redis(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return reaching_redis(self.redis_url)
+
+    # --- enqueueing ------------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        run_id: str,
+        args: RunArgs,
+        *,
+        delay: float | None = None,
+        claim_session: bool = True,
+    ) -> RunHandle:
+        """Record the run (``queued``) and put its job on the queue, ``delay`` seconds later.
+
+        A run id that exists already is a no-op (the run is enqueued again only while it is
+        still queued, in case its job was lost). With ``session_lock = "reject"``, a session
+        that another run holds answers ``CONFLICT``, and the run holds its session from now
+        on; ``claim_session=False`` leaves the session free until the run starts (follow-ups).
+        A run whose job cannot be queued is not recorded, so the same id can be enqueued again.
+        """
+        redis = await self.redis()
+        session = args.overrides.session
+        lock = self._claim_for(session, run_id) if claim_session else None
+        claimed = 0
+        if lock is not None:
+            async with self._reaching_redis():
+                claimed = await lock.claim((delay or 0) + self.job_timeout + self.options.lease)
+            if not claimed:
+                raise session_busy(session)
+        try:
+            if claimed == 1:
+                await self._refuse_busy_session(session, run_id)
+            created = await self.store.create(
+                run_id,
+                origin=args.origin,
+                args=args.model_dump(mode="json"),
+                session_id=session,
+                memory_scope=args.overrides.memory_scope,
+                not_before=delay,
+            )
+            if not created:
+                record = await self.store.get(run_id)
+                if record is None or record.status is not RunStatus.QUEUED:
+                    if lock is not None and claimed == 1:
+                        await quietly(lock.release())
+                    return self.handle(run_id)
+            try:
+                async with self._reaching_redis():
+                    await redis.enqueue_job(
+                        AGENT_RUN,
+                        run_id,
+                        _job_id=run_id,
+                        _queue_name=self.options.queue_name,
+                        _defer_by=delay if delay else None,
+                    )
+            except AgentError:
+                if created:  # unrecorded, so a retry (derived run ids too) can enqueue it
+                    await quietly(self.store.discard(run_id))
+                raise
+        except BaseException:
+            if lock is not None and claimed == 1:
+                await quietly(lock.release())
+            raise
+        logger.info("run %s queued (origin %s)", run_id, args.origin)
+        return self.handle(run_id)
+
+    async def enqueue_resume(
+        self, run_id: str, decisions: Sequence[ApprovalDecision] = ()
+    ) -> RunHandle:
+        """Accept the decisions for a paused run and enqueue ``agent_resume`` for it.
+
+        The decisions are checked against the paused state kept in the run's record: each
+        must name a call that awaits approval, and a pause takes decisions once. Anything else
+        is ``CONFLICT`` (``NOT_FOUND`` for an unknown run).
+        """
+        redis = await self.redis()
+        record = await self.get(run_id)
+        lock = self._claim_for(record.session_id, run_id)
+        claimed = 0
+        if lock is not None:
+            async with self._reaching_redis():
+                claimed = await lock.claim(self.job_timeout + self.options.lease)
+            if not claimed:
+                raise session_busy(record.session_id)
+        job_id = f"{run_id}:resume:{uuid.uuid4().hex}"
+        try:
+            if claimed == 1:
+                await self._refuse_busy_session(record.session_id, run_id)
+            await self.store.take_paused_state(run_id, list(decisions), job_id=job_id)
+            try:
+                async with self._reaching_redis():
+                    await redis.enqueue_job(
+                        AGENT_RESUME, run_id, _job_id=job_id, _queue_name=self.options.queue_name
+                    )
+            except AgentError:
+                # the run awaits approval again: the same decisions can be sent once more
+                await quietly(self.store.return_paused_state(run_id, record.outcome))
+                raise
+        except BaseException:
+            if lock is not None and claimed == 1:
+                await quietly(lock.release())
+            raise
+        logger.info("run %s: %d decision(s) accepted, resume queued", run_id, len(decisions))
+        return self.handle(run_id)
+
+    async def enqueue_followup(self, plan: FollowupPlan) -> str:
+        """Enqueue the delayed run of a booked follow-up and return its run id.
+
+        The run: ``plan.prompt`` in ``plan.session`` with ``plan.memory_scope``, delivery on,
+        origin ``followup``, ``followup_depth = plan.depth``, under
+        :meth:`~agent_plugin.proactive.FollowupPlan.derived_run_id` (a retried booking call
+        books it once), deferred by ``plan.delay``. It does not claim its session while it
+        waits (under ``session_lock = "reject"`` the calling run holds it anyway).
+        """
+        args = RunArgs.checked(
+            plan.prompt,
+            overrides={
+                "session": plan.session,
+                "memory_scope": plan.memory_scope,
+                "followup_depth": plan.depth,
+            },
+            deliver=True,
+            origin="followup",
+        )
+        handle = await self.enqueue(
+            plan.derived_run_id(), args, delay=plan.delay.total_seconds(), claim_session=False
+        )
+        logger.info(
+            "follow-up %s booked by run %s for %d s from now (depth %d)",
+            handle.run_id,
+            plan.parent_run_id,
+            plan.delay_seconds,
+            plan.depth,
+        )
+        return handle.run_id
+
+    # --- sessions --------------------------------------------------------------------------
+
+    async def session_active(self, session: str | None) -> bool:
+        """Whether a run of ``session`` is active: running (its session lock is held, or its
+        record says ``in_progress``) or queued and due (waiting for a worker).
+
+        A run booked for later (a follow-up, a delayed run) does not count until its time has
+        come, nor does a run paused for approval. No session: False.
+        """
+        if session is None:
+            return False
+        redis = await self.redis()
+        async with self._reaching_redis():
+            if await redis.exists(lock_key(self.options.key_prefix, session)):
+                return True
+        return await self._session_runs_active(redis, session)
+
+    async def _session_runs_active(
+        self, redis: ArqRedis, session: str, *, besides: str | None = None
+    ) -> bool:
+        """Whether the records show a run of ``session`` (other than ``besides``) in progress,
+        or queued and due."""
+        activity = await self.store.session_activity(session, besides=besides)
+        if activity.in_progress:
+            return True
+        if not activity.queued_jobs:
+            return False
+        async with self._reaching_redis(), redis.pipeline(transaction=False) as pipe:
+            for job_id in activity.queued_jobs:
+                pipe.zscore(self.options.queue_name, job_id)
+            scores = await pipe.execute()
+        now_ms = time.time() * 1000
+        return any(score is not None and float(score) <= now_ms for score in scores)
+
+    async def _refuse_busy_session(self, session: str | None, run_id: str) -> None:
+        """Under ``session_lock = "reject"``, after taking a free session lock: refuse the
+        run if another run of the session is due or running all the same (its lock expired
+        while it waited in a long queue, say)."""
+        if session is not None and await self._session_runs_active(
+            await self.redis(), session, besides=run_id
+        ):
+            raise session_busy(session)
+
+    def _claim_for(self, session: str | None, run_id: str) -> SessionLock | None:
+        if session is None or self.settings.session_lock != "reject":
+            return None
+        assert self._redis is not None
+        return SessionLock(self._redis, session, run_id, prefix=self.options.key_prefix)
+
+    # --- records and events ----------------------------------------------------------------
+
+    async def get(self, run_id: str) -> RunRecord:
+        """The run's public record; ``NOT_FOUND`` for an unknown id."""
+        record = await self.store.get(run_id)
+        if record is None:
+            raise AgentError(ErrorKind.NOT_FOUND, f"no run {run_id!r}")
+        return record
+
+    async def events(
+        self, run_id: str, *, last_event_id: str | None = None, follow: bool = False
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]] | None:
+        """The run's events after ``last_event_id`` as ``(entry id, event JSON)`` pairs, or
+        ``None`` when the reader has seen the run's end already; ``NOT_FOUND`` for an unknown
+        run. An end the stream lost comes from the run's record (see
+        :func:`~agent_plugin.live.open_events`)."""
+        record = await self.get(run_id)
+        redis = await self.redis()
+
+        async def recorded_end() -> RunEnded | None:
+            try:
+                now = await self.get(run_id)
+            except AgentError as error:
+                if error.kind is ErrorKind.NOT_FOUND:  # its record went (a discarded enqueue)
+                    return RunEnded(run_id=run_id, error=error.info())
+                # the stream goes on; the next check may do better
+                logger.warning("run %s: cannot read its record: %s", run_id, error)
+                return None
+            return _end_of(now)
+
+        ended = _end_of(record) if record.status.finished else None
+        async with self._reaching_redis():
+            return await open_events(
+                redis,
+                run_id,
+                ended=ended,
+                last_event_id=last_event_id,
+                follow=follow,
+                prefix=self.options.live_prefix,
+                recorded_end=recorded_end,
+            )
+
+    # --- live runs: cancel and steer from any process ----------------------------------------
+
+    def _control(self, redis: ArqRedis, run_id: str) -> RunControlChannel:
+        return RunControlChannel(redis, run_id, prefix=self.options.live_prefix)
+
+    async def cancel(self, run_id: str, reason: str = "cancelled") -> RunRecord:
+        """Cancel a run that is queued, paused for approval or running, from any process.
+
+        The request goes to the run's control channel first (a worker that starts it now sees
+        it as it begins); a run nobody runs (queued, awaiting approval) is cancelled in its
+        record at once, its arq job taken off the queue and its event readers given a
+        ``run_end``; a running run ends ``cancelled`` at its next boundary, by its worker.
+        ``CONFLICT`` for a finished run, ``NOT_FOUND`` for an unknown one. Answers the record
+        as it is after the request.
+        """
+        record = await self.get(run_id)
+        if record.status.finished:
+            raise AgentError(
+                ErrorKind.CONFLICT, f"run {run_id} is {record.status}: it cannot be cancelled"
+            )
+        redis = await self.redis()
+        async with self._reaching_redis():
+            await self._control(redis, run_id).request_cancel(reason)
+        if record.status not in (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL):
+            return record
+        try:
+            record = await self.store.cancel(run_id, reason)
+        except AgentError as error:
+            if error.kind is not ErrorKind.CONFLICT:
+                raise
+            record = await self.get(run_id)  # started meanwhile: the flag reaches its worker
+            if record.status.finished and record.status is not RunStatus.CANCELLED:
+                raise
+            return record
+        async with self._reaching_redis():
+            pipe = redis.pipeline(transaction=False)
+            pipe.zrem(self.options.queue_name, run_id)
+            pipe.delete(job_key_prefix + run_id)
+            await pipe.execute()
+            if record.session_id is not None:  # claimed at enqueue; never held by a worker yet
+                prefix = self.options.key_prefix
+                await SessionLock(redis, record.session_id, run_id, prefix=prefix).release()
+        if self.options.events and record.outcome is not None:
+            stream = RunEventStream(
+                redis,
+                run_id,
+                prefix=self.options.live_prefix,
+                maxlen=self.options.events_maxlen,
+                ttl_after_end=self.options.events_ttl,
+            )
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                await stream.publish(RunEnded(run_id=run_id, summary=record.outcome))
+        logger.info("run %s cancelled before it ran: %s", run_id, reason)
+        return record
+
+    async def steer(self, run_id: str, text: str) -> RunRecord:
+        """Queue a user message that joins a running run before its next model call.
+
+        ``CONFLICT`` unless the run is ``in_progress``; ``NOT_FOUND`` for an unknown run.
+        """
+        record = await self.get(run_id)
+        if record.status is not RunStatus.IN_PROGRESS:
+            raise AgentError(
+                ErrorKind.CONFLICT,
+                f"run {run_id} is {record.status}: only a running run takes messages",
+            )
+        redis = await self.redis()
+        async with self._reaching_redis():
+            await self._control(redis, run_id).send_steering(text)
+        return record
+
+    # --- the heartbeat ---------------------------------------------------------------------
+
+    async def heartbeat_stats(self) -> HeartbeatStats:
+        """What the heartbeat's ticks did, counted across every worker of this queue."""
+        redis = await self.redis()
+        async with self._reaching_redis():
+            raw = await cast(
+                Awaitable[dict[Any, Any]],
+                redis.hgetall(heartbeat_key(self.options.key_prefix)),
+            )
+        values = {
+            (k.decode() if isinstance(k, bytes) else str(k)): (
+                v.decode() if isinstance(v, bytes) else str(v)
+            )
+            for k, v in raw.items()
+        }
+        return HeartbeatStats.model_validate(
+            {key: value for key, value in values.items() if value != ""}
+        )
+
+
+def _end_of(record: RunRecord) -> RunEnded | None:
+    """The ``run_end`` a run's record stands for: finished, or paused with its summary; ``None``
+    while it runs or waits."""
+    paused = record.status is RunStatus.AWAITING_APPROVAL and record.outcome is not None
+    if not (record.status.finished or paused):
+        return None
+    return RunEnded(run_id=record.run_id, summary=record.outcome, error=record.error)

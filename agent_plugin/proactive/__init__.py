@@ -1,0 +1,88 @@
+"""Always-on agents: reports and their delivery, signed webhooks, heartbeat schedules and
+ticks, and agent-booked follow-ups. The jobs layer (:mod:`agent_plugin.jobs`) runs them on arq.
+"""
+
+from agent_plugin.proactive.followups import (
+    MAX_CHAIN,
+    MAX_FOLLOWUP_PROMPT_CHARS,
+    Enqueue,
+    FollowupPlan,
+    FollowupTool,
+)
+from agent_plugin.proactive.heartbeat import (
+    DEFAULT_PROMPT,
+    HEARTBEAT_TASK,
+    Heartbeat,
+    IsBusy,
+    Precheck,
+    StartRun,
+    TickResult,
+    TickStatus,
+    heartbeat_tick,
+)
+from agent_plugin.proactive.reports import (
+    APPROVAL_HEADER,
+    DEFAULT_DELIVERY_TIMEOUT,
+    HEARTBEAT_OK,
+    SILENT_ACK_MAX_CHARS,
+    Delivery,
+    LogDelivery,
+    Report,
+    ReportSource,
+    deliver_outcome,
+    deliver_safely,
+    is_silent,
+    report_for,
+    report_text,
+)
+from agent_plugin.proactive.schedule import CronFields, CronSchedule, CronSpec, EverySchedule
+from agent_plugin.proactive.webhook import (
+    DEFAULT_SECRET_ENV,
+    KEY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    WebhookDelivery,
+    verify_webhook,
+    webhook_signature,
+)
+
+__all__ = [
+    "APPROVAL_HEADER",
+    "DEFAULT_DELIVERY_TIMEOUT",
+    "DEFAULT_PROMPT",
+    "DEFAULT_SECRET_ENV",
+    "HEARTBEAT_OK",
+    "HEARTBEAT_TASK",
+    "KEY_HEADER",
+    "MAX_CHAIN",
+    "MAX_FOLLOWUP_PROMPT_CHARS",
+    "SIGNATURE_HEADER",
+    "SILENT_ACK_MAX_CHARS",
+    "TIMESTAMP_HEADER",
+    "CronFields",
+    "CronSchedule",
+    "CronSpec",
+    "Delivery",
+    "Enqueue",
+    "EverySchedule",
+    "FollowupPlan",
+    "FollowupTool",
+    "Heartbeat",
+    "IsBusy",
+    "LogDelivery",
+    "Precheck",
+    "Report",
+    "ReportSource",
+    "StartRun",
+    "TickResult",
+    "TickStatus",
+    "WebhookDelivery",
+    "deliver_outcome",
+    "deliver_safely",
+    "heartbeat_tick",
+    "is_silent",
+    "report_for",
+    "report_text",
+    "verify_webhook",
+    "webhook_signature",
+]

@@ -1,0 +1,418 @@
+"""The runtime: what an app or a worker runs agents with, and how it is opened.
+
+:class:`RuntimeSpec` is what the app configured (tools, hooks, policy, stores, the always-on
+parts); :func:`open_runtime` turns it and the loaded settings into an :class:`AgentRuntime`
+(provider client, database, stores) and :meth:`AgentRuntime.agent_for` turns a run's
+:class:`~agent_plugin.options.AgentOverrides` into an agent. Nothing here knows FastAPI or
+arq: the web plugin and the worker open the same runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+
+from agent_plugin.agent import Agent
+from agent_plugin.compaction import Compaction
+from agent_plugin.config import AgentSettings
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.hooks import AgentHooks
+from agent_plugin.ids import DEFAULT_SCOPE
+from agent_plugin.memory import MemoryStore
+from agent_plugin.options import DEFAULT_OVERRIDES, AgentOverrides
+from agent_plugin.policy import AllowAll, Strictest, ToolPolicy, ToolRules
+from agent_plugin.proactive import (
+    Delivery,
+    Enqueue,
+    FollowupPlan,
+    FollowupTool,
+    Heartbeat,
+    LogDelivery,
+)
+from agent_plugin.providers.base import LlmClient
+from agent_plugin.providers.factory import create_client
+from agent_plugin.sessions import SessionStore
+from agent_plugin.skills import Skill, load_skills
+from agent_plugin.tools import Tool, ToolRegistry
+
+if TYPE_CHECKING:
+    import httpx
+
+    from agent_plugin.storage import Database, SqlRunStore
+
+__all__ = ["AgentRuntime", "ModelFactory", "RuntimeSpec", "check_always_on", "open_runtime"]
+
+logger = logging.getLogger("agent_plugin")
+
+ModelFactory: TypeAlias = Callable[[AgentSettings], LlmClient | None]
+"""Builds the model from the loaded settings; ``None`` means "build the configured provider"."""
+
+_MIN_FOLLOWUP: Final = timedelta(minutes=1)
+_CACHED_AGENTS: Final = 16
+
+
+class AgentRuntime:
+    """What runs agents in one process (an app or a worker): settings, the provider client,
+    the tools, hooks, policy and stores, and the always-on parts.
+
+    ``delivery`` receives the reports of background runs with delivery on; ``heartbeat`` is
+    what the workers tick; ``followups`` (the longest delay) gives every agent the
+    ``schedule_followup`` tool; ``runs`` holds the background runs' records (``None`` when
+    background runs are off). :meth:`aclose` closes what the runtime opened.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: AgentSettings,
+        client: LlmClient,
+        session_store: SessionStore,
+        tools: Iterable[Tool] = (),
+        hooks: Sequence[AgentHooks] = (),
+        policy: ToolPolicy | None = None,
+        memory_store: MemoryStore | None = None,
+        skills: Sequence[Skill] = (),
+        compaction: Compaction | None = None,
+        delivery: Delivery | None = None,
+        heartbeat: Heartbeat | None = None,
+        followups: timedelta | None = None,
+        database: Database | None = None,
+        runs: SqlRunStore | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.tools = ToolRegistry(tools)
+        self.hooks = tuple(hooks)
+        self.policy: ToolPolicy = policy if policy is not None else AllowAll()
+        self.session_store = session_store
+        self.memory_store = memory_store
+        self.skills = tuple(skills)
+        self.compaction = compaction
+        self.delivery: Delivery = delivery if delivery is not None else LogDelivery()
+        self.heartbeat = heartbeat
+        self.followups = followups
+        self.database = database
+        self.runs = runs
+        self._owns_client = owns_client
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._agents: dict[tuple[AgentOverrides, Enqueue | None], Agent] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"AgentRuntime(provider={self.settings.provider!r}, "
+            f"model={self.settings.resolved_model()!r}, tools={self.tools.names()!r})"
+        )
+
+    def agent_for(
+        self,
+        overrides: AgentOverrides = DEFAULT_OVERRIDES,
+        *,
+        book_followup: Enqueue | None = None,
+    ) -> Agent:
+        """The app's agent with a run's ``overrides``.
+
+        ``max_steps``, ``max_tokens``, ``system_prompt`` and ``max_run_secs`` come from the
+        settings unless overridden; tools, hooks, policy, skills, compaction and the memory
+        store from the runtime. ``read_only`` adds :meth:`ToolRules.read_only
+        <agent_plugin.policy.ToolRules.read_only>` to the policy. With ``followups`` the agent
+        gets the ``schedule_followup`` tool, which books through ``book_followup`` (without
+        one it tells the model that nothing can run later). Agents keep no per-run state, so
+        one is built per set of overrides and reused.
+        """
+        key = (overrides, book_followup)
+        agent = self._agents.get(key)
+        if agent is None:
+            agent = self._build(overrides, book_followup)
+            if len(self._agents) >= _CACHED_AGENTS:
+                self._agents.pop(next(iter(self._agents)))
+            self._agents[key] = agent
+        return agent
+
+    def _build(self, overrides: AgentOverrides, book_followup: Enqueue | None) -> Agent:
+        settings = self.settings
+        scope = overrides.memory_scope or DEFAULT_SCOPE
+        tools: list[Tool] = list(self.tools)
+        if self.followups is not None:
+            tools.append(
+                FollowupTool(
+                    book_followup or _no_followups,
+                    max_delay=self.followups,
+                    depth=overrides.followup_depth,
+                    session=overrides.session,
+                    memory_scope=scope,
+                )
+            )
+        policy = self.policy
+        if overrides.read_only:
+            policy = Strictest([policy, ToolRules.read_only()])
+        system_prompt = overrides.system_prompt
+        max_steps = overrides.max_steps
+        return Agent(
+            self.client,
+            tools=tools,
+            system_prompt=system_prompt if system_prompt is not None else settings.system_prompt,
+            max_steps=max_steps if max_steps is not None else settings.max_steps,
+            max_tokens=settings.max_tokens,
+            hooks=self.hooks,
+            policy=policy,
+            max_duration=settings.max_run_secs,
+            memory=self.memory_store,
+            memory_scope=scope,
+            skills=self.skills,
+            compaction=self.compaction,
+        )
+
+    def tool_names(self) -> list[str]:
+        """The names of the tools an agent of this runtime offers the model, sorted."""
+        return self.agent_for().tools.names()
+
+    def spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        """Run ``work`` in a task the runtime tracks and cancels at shutdown."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def aclose(self) -> None:
+        """Cancel tracked tasks, close the delivery (when it has an ``aclose``), dispose the
+        database and close the client the runtime built."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        try:
+            await _close_delivery(self.delivery)
+            if self.database is not None:
+                await self.database.dispose()
+        finally:
+            if self._owns_client:
+                await self.client.aclose()
+
+
+async def _no_followups(_plan: FollowupPlan) -> str:
+    raise AgentError(
+        ErrorKind.UNAVAILABLE,
+        "background runs are off for this plugin, so nothing can run later",
+    )
+
+
+async def _close_delivery(delivery: Delivery) -> None:
+    close = getattr(delivery, "aclose", None)
+    if not callable(close):
+        return
+    try:
+        await close()
+    except Exception as error:  # closing must not stop the rest of the shutdown
+        logger.warning("closing the delivery %r failed: %s", delivery, error)
+
+
+# --- opening a runtime ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """What an app configured its agent with; :func:`open_runtime` opens a runtime from it.
+
+    ``model`` is a client to use as it is (not closed by the runtime) or a
+    :data:`ModelFactory`; ``http_transport`` makes the configured provider's transport.
+    ``session_store`` ``None`` and ``memory_store="sql"`` use the SQL stores on
+    ``database_url``; ``skill_folders`` are read at opening. ``run_records``: open the run
+    store (background runs are on), with ``pool_size`` database connections.
+    ``auto_migrate`` ``None``: migrate SQLite, only check PostgreSQL.
+    """
+
+    tools: tuple[Tool, ...] = ()
+    hooks: tuple[AgentHooks, ...] = ()
+    policy: ToolPolicy | None = None
+    model: LlmClient | ModelFactory | None = None
+    http_transport: Callable[[], httpx.AsyncBaseTransport] | None = None
+    session_store: SessionStore | None = None
+    memory_store: MemoryStore | Literal["sql"] | None = None
+    skills: tuple[Skill, ...] = ()
+    skill_folders: tuple[Path, ...] = ()
+    compaction: Compaction | None = None
+    delivery: Delivery | None = None
+    heartbeat: Heartbeat | None = None
+    followups: timedelta | None = None
+    run_records: bool = False
+    pool_size: int | None = None
+    auto_migrate: bool | None = None
+    environ: dict[str, str] | None = field(default=None, repr=False)
+
+    @property
+    def needs_database(self) -> bool:
+        return self.session_store is None or self.memory_store == "sql" or self.run_records
+
+
+def check_always_on(spec: RuntimeSpec) -> None:
+    """Check ``delivery``, ``heartbeat`` and ``followups``; raise a ``config``
+    :class:`AgentError` saying what is wrong.
+
+    The app's and the worker's startup call it, so a misconfigured heartbeat stops the
+    process instead of never ticking.
+    """
+    heartbeat = spec.heartbeat
+    if heartbeat is not None:
+        if not isinstance(heartbeat, Heartbeat):
+            raise AgentError.config(
+                "heartbeat must be a Heartbeat, built with Heartbeat.every(timedelta) or "
+                f'Heartbeat.cron("<cron expression>"), got {heartbeat!r}'
+            )
+        try:
+            heartbeat.validate()
+            heartbeat.cron_fields()
+            heartbeat.tzinfo()
+        except AgentError as error:
+            raise AgentError.config(f"invalid heartbeat: {error.message}") from None
+    delivery = spec.delivery
+    if delivery is not None and not isinstance(delivery, Delivery):
+        raise AgentError.config(
+            "delivery must have an async deliver(report) method (LogDelivery, "
+            f"WebhookDelivery or your own), got {delivery!r}"
+        )
+    delay = spec.followups
+    if delay is not None and (not isinstance(delay, timedelta) or delay < _MIN_FOLLOWUP):
+        raise AgentError.config(
+            f"followups needs the longest delay as a timedelta of at least one minute, got "
+            f"{delay!r}"
+        )
+    if not spec.run_records:
+        needs = [
+            what
+            for what, given in (("a heartbeat", heartbeat), ("follow-ups", delay))
+            if given is not None
+        ]
+        if needs:
+            verb = "needs" if needs == ["a heartbeat"] else "need"
+            raise AgentError.config(
+                f"{' and '.join(needs)} {verb} background runs, which are off for this "
+                "plugin (jobs=False, or in-memory stores only): pass jobs=True to AgentPlugin"
+            )
+
+
+async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRuntime:
+    """Build the runtime: the client, the database (migrated or checked) and the stores.
+
+    Fails with an :class:`AgentError` that names the key, variable or URL (passwords hidden);
+    whatever was opened before the failure is closed again.
+    """
+    check_always_on(spec)
+    skills = [*spec.skills]
+    for folder in spec.skill_folders:
+        skills.extend(load_skills(folder))
+    client, owns_client = _client_for(spec, settings)
+    database: Database | None = None
+    try:
+        if spec.needs_database:
+            database = _database_for(spec, settings)
+            await _prepare(database, spec.auto_migrate)
+        session_store, memory_store = _stores_for(spec, database)
+        runs = None
+        if spec.run_records and database is not None:
+            from agent_plugin.storage import SqlRunStore
+
+            runs = SqlRunStore(database)
+        return AgentRuntime(
+            settings=settings,
+            client=client,
+            tools=spec.tools,
+            hooks=spec.hooks,
+            policy=spec.policy,
+            session_store=session_store,
+            memory_store=memory_store,
+            skills=skills,
+            compaction=spec.compaction,
+            delivery=spec.delivery,
+            heartbeat=spec.heartbeat,
+            followups=spec.followups,
+            database=database,
+            runs=runs,
+            owns_client=owns_client,
+        )
+    except BaseException:
+        try:
+            if database is not None:
+                await database.dispose()
+        finally:
+            if owns_client:
+                await client.aclose()
+        raise
+
+
+def _client_for(spec: RuntimeSpec, settings: AgentSettings) -> tuple[LlmClient, bool]:
+    model = spec.model
+    if isinstance(model, LlmClient):
+        return model, False
+    if model is not None:
+        built = model(settings)
+        if built is not None:
+            return built, True
+    api_key = settings.require_api_key(spec.environ)
+    transport = spec.http_transport() if spec.http_transport is not None else None
+    return create_client(settings, api_key=api_key, transport=transport), True
+
+
+def _database_for(spec: RuntimeSpec, settings: AgentSettings) -> Database:
+    from agent_plugin.storage import Database
+
+    try:
+        return Database(settings.database_url, pool_size=spec.pool_size)
+    except ImportError as error:
+        raise AgentError.config(
+            f"the database driver {error.name or error} is not installed (for PostgreSQL: "
+            "pip install 'fastapi-agent-plugin[postgres]')"
+        ) from error
+
+
+async def _prepare(database: Database, auto_migrate: bool | None) -> None:
+    migrate = auto_migrate
+    if migrate is None:
+        migrate = database.dialect == "sqlite"
+    if migrate:
+        await database.migrate()
+        return
+    await database.check()
+    current = await database.current_revision()
+    newest = _newest_revision()
+    if current != newest:
+        raise AgentError.config(
+            f"the database {database.display_url} is at migration {current or 'none'} and "
+            f"this version of the plugin needs {newest}: run `python -m agent_plugin migrate` "
+            "with AGENT_DATABASE_URL set to this database (or --database-url), or pass "
+            "auto_migrate=True to AgentPlugin"
+        )
+
+
+def _newest_revision() -> str | None:
+    """The head revision of the plugin's migration scripts."""
+    from alembic.script import ScriptDirectory
+
+    from agent_plugin.storage.migrations import alembic_config
+
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def _stores_for(
+    spec: RuntimeSpec, database: Database | None
+) -> tuple[SessionStore, MemoryStore | None]:
+    sessions = spec.session_store
+    memory = spec.memory_store
+    if database is not None:
+        from agent_plugin.storage import SqlMemoryStore, SqlSessionStore
+
+        if sessions is None:
+            sessions = SqlSessionStore(database)
+        if memory == "sql":
+            memory = SqlMemoryStore(database)
+    if sessions is None or isinstance(memory, str):  # pragma: no cover - needs_database
+        raise AgentError.config("the SQL stores need a database")
+    return sessions, memory

@@ -1,0 +1,252 @@
+"""What a route gets: :class:`AppAgent`, the app's agent ready to run, through the
+:data:`AgentHandle` dependency (``agent: AgentHandle`` in a route's signature)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator, Iterable
+from datetime import timedelta
+from typing import Annotated, Any, Final, Literal, TypeAlias
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.responses import StreamingResponse
+
+from agent_plugin import sessions
+from agent_plugin.agent import Agent
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.events import AgentEvent
+from agent_plugin.jobs import HeartbeatStats, RunArgs, RunHandle, RunQueue
+from agent_plugin.jobs.args import checked_run_id
+from agent_plugin.options import AgentOverrides, RunOptions
+from agent_plugin.outcomes import AgentTurn, ApprovalDecision, RunState
+from agent_plugin.records import RunRecord
+from agent_plugin.runtime import AgentRuntime
+from agent_plugin.web.sse import local_events, sse_response
+
+__all__ = [
+    "NOT_INSTALLED",
+    "STATE_KEY",
+    "AgentHandle",
+    "AppAgent",
+    "DisconnectPolicy",
+    "get_app_agent",
+]
+
+logger = logging.getLogger("agent_plugin")
+
+NOT_INSTALLED: Final = "agent plugin is not installed"
+
+STATE_KEY: Final = "agent_plugin_app"
+"""Where a running plugin keeps its :class:`AppAgent` on ``app.state``."""
+
+DisconnectPolicy: TypeAlias = Literal["cancel", "continue"]
+"""What a streamed run does when its client goes away: stop, or run to the end unobserved."""
+
+
+class AppAgent:
+    """The app's agent, ready to run: what :data:`AgentHandle` gives a route.
+
+    ``run`` is one task; ``chat`` continues a session (saved in the session store); both
+    take ``scope``, the memory scope (one per user or tenant). ``resume`` continues a run
+    paused for approval, saving to its session when it ran in one; ``stream`` answers with
+    Server-Sent Events. ``enqueue`` queues a background run for an arq worker and
+    ``enqueue_resume`` the resume of a paused one; ``run_status``, ``cancel``, ``steer`` and
+    ``run_events`` reach background runs from any process.
+    """
+
+    def __init__(self, runtime: AgentRuntime, queue: RunQueue | None = None) -> None:
+        self.runtime = runtime
+        self.queue = queue
+
+    def __repr__(self) -> str:
+        return f"AppAgent({self.runtime!r}, background={'on' if self.queue else 'off'})"
+
+    def agent(self, scope: str | None = None, *, session: str | None = None) -> Agent:
+        """The configured agent with the memory of ``scope`` (default ``"agent"``)."""
+        return self._agent_for(AgentOverrides(memory_scope=scope, session=session))
+
+    def tool_names(self) -> list[str]:
+        """The names of the tools the agent offers the model, sorted."""
+        return self.runtime.tool_names()
+
+    def _agent_for(self, overrides: AgentOverrides) -> Agent:
+        book = self.queue.enqueue_followup if self.queue is not None else None
+        return self.runtime.agent_for(overrides, book_followup=book)
+
+    async def run(
+        self, prompt: str, *, scope: str | None = None, options: RunOptions | None = None
+    ) -> AgentTurn:
+        """Run one task from scratch."""
+        return await self.agent(scope).run(prompt, options=options)
+
+    async def chat(
+        self,
+        session: str,
+        prompt: str,
+        *,
+        scope: str | None = None,
+        options: RunOptions | None = None,
+    ) -> AgentTurn:
+        """Continue ``session`` with ``prompt``; the turn is saved unless it paused."""
+        return await sessions.run(
+            self.agent(scope, session=session),
+            prompt,
+            session=session,
+            store=self.runtime.session_store,
+            options=options,
+        )
+
+    async def resume(
+        self,
+        state: RunState,
+        decisions: Iterable[ApprovalDecision] = (),
+        *,
+        scope: str | None = None,
+        options: RunOptions | None = None,
+    ) -> AgentTurn:
+        """Continue a paused run with the reviewers' decisions (saved to its session, if it
+        ran in one)."""
+        return await sessions.resume(
+            self.agent(scope, session=state.session_id),
+            state,
+            decisions,
+            store=self.runtime.session_store,
+            options=options,
+        )
+
+    def stream(
+        self,
+        prompt: str,
+        *,
+        session: str | None = None,
+        scope: str | None = None,
+        on_disconnect: DisconnectPolicy = "cancel",
+    ) -> StreamingResponse:
+        """Run a task (in ``session``, if given) and stream its events as Server-Sent Events.
+
+        Each event is one SSE message: ``id`` (1, 2, ...), ``event`` (the event's ``type``) and
+        ``data`` (its JSON, redacted like every event that leaves the process); the last is
+        ``run_end``. If the run fails before it starts, one ``error`` event carries the error.
+        ``on_disconnect="cancel"`` stops the run when the client goes away; ``"continue"`` lets
+        it finish (and save its session turn).
+        """
+        agent = self.agent(scope, session=session)
+        store = self.runtime.session_store
+        queue: asyncio.Queue[AgentEvent | BaseException | None] = asyncio.Queue()
+
+        async def work() -> None:
+            options = RunOptions(on_event=queue.put_nowait, stream=True)
+            await sessions.run(agent, prompt, session=session, store=store, options=options)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            error = None if task.cancelled() else task.exception()
+            queue.put_nowait(error)
+
+        async def events() -> AsyncIterator[AgentEvent | BaseException]:
+            task = self.runtime.spawn(work())
+            task.add_done_callback(finished)
+            ended = False
+            try:
+                while True:
+                    item = await queue.get()
+                    if item is None or isinstance(item, BaseException):
+                        if not ended:
+                            yield item or AgentError(ErrorKind.INTERNAL, "the run stopped")
+                        return
+                    yield item
+                    ended = ended or item.type == "run_end"
+            finally:
+                if on_disconnect == "cancel" and not task.done():
+                    task.cancel()
+
+        return sse_response(local_events(events()), retry_ms=None)
+
+    # --- background runs -----------------------------------------------------------------
+
+    @property
+    def jobs(self) -> RunQueue:
+        """The background-run queue; a ``config`` error when background runs are off."""
+        if self.queue is None:
+            raise AgentError.config(
+                "background runs are off for this plugin (jobs=False, or in-memory stores "
+                "only): pass jobs=True to AgentPlugin"
+            )
+        return self.queue
+
+    async def enqueue(
+        self,
+        prompt: str,
+        *,
+        session: str | None = None,
+        scope: str | None = None,
+        system_prompt: str | None = None,
+        max_steps: int | None = None,
+        deliver: bool = False,
+        run_id: str | None = None,
+        delay: float | timedelta | None = None,
+    ) -> RunHandle:
+        """Queue a background run; answer its id and the path that reports its status.
+
+        ``session`` and ``scope`` (the memory scope), ``system_prompt`` and ``max_steps`` set
+        the run's agent; ``deliver`` reports how it ended to the plugin's delivery; ``delay``
+        (seconds or a timedelta) starts it later. The run's record exists (``queued``) before
+        its job reaches Redis; the same ``run_id`` twice is one run. ``unavailable`` when
+        Redis cannot be reached, ``conflict`` for a busy session under ``session_lock =
+        "reject"``, ``config`` for a bad argument (naming it).
+        """
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        if seconds is not None and (not math.isfinite(seconds) or seconds < 0):
+            raise AgentError.config(f"a run's delay must be 0 seconds or more, got {delay!r}")
+        args = RunArgs.checked(
+            prompt,
+            overrides={
+                "session": session,
+                "memory_scope": scope,
+                "system_prompt": system_prompt,
+                "max_steps": max_steps,
+            },
+            deliver=deliver,
+        )
+        return await self.jobs.enqueue(checked_run_id(run_id), args, delay=seconds or None)
+
+    async def enqueue_resume(
+        self, run_id: str, decisions: Iterable[ApprovalDecision] = ()
+    ) -> RunHandle:
+        """Accept reviewers' decisions for a paused background run and queue its resume.
+
+        The paused state stays in the run's record; ``conflict`` when the run is not paused,
+        a decision names a call that does not await approval, or the pause was decided
+        already; ``not_found`` for an unknown run.
+        """
+        return await self.jobs.enqueue_resume(run_id, list(decisions))
+
+    async def run_status(self, run_id: str) -> RunRecord:
+        """The record of a background run; ``not_found`` for an unknown id."""
+        return await self.jobs.get(run_id)
+
+    async def cancel(self, run_id: str, reason: str = "cancelled") -> RunRecord:
+        """Cancel a queued, paused or running background run (see :meth:`RunQueue.cancel`)."""
+        return await self.jobs.cancel(run_id, reason)
+
+    async def steer(self, run_id: str, text: str) -> RunRecord:
+        """Send a message that joins a running background run before its next model call."""
+        return await self.jobs.steer(run_id, text)
+
+    async def heartbeat_stats(self) -> HeartbeatStats:
+        """How the heartbeat's ticks went, across every worker: started, skipped because the
+        session was busy or the precheck said no, failed; and the latest tick."""
+        return await self.jobs.heartbeat_stats()
+
+
+def get_app_agent(request: Request) -> AppAgent:
+    """The dependency behind :data:`AgentHandle`: 503 when the plugin is not running."""
+    agent: Any = getattr(request.app.state, STATE_KEY, None)
+    if not isinstance(agent, AppAgent):
+        raise HTTPException(status_code=503, detail=NOT_INSTALLED)
+    return agent
+
+
+AgentHandle = Annotated[AppAgent, Depends(get_app_agent)]
+"""Write ``agent: AgentHandle`` in a route's signature to get the app's agent."""

@@ -1,0 +1,456 @@
+"""The FastAPI plugin: :class:`AgentPlugin` gathers what an app configures, opens the runtime
+in the app's lifespan (and in every worker), and installs routes, health and error handling.
+``docs/getting-started.md`` walks through it; ``docs/configuration.md`` lists the settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from fastapi import APIRouter, FastAPI
+from fastapi.params import Depends as DependsParam
+from pydantic import ValidationError
+
+from agent_plugin.compaction import Compaction
+from agent_plugin.config import AgentSettings
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.hooks import AgentHooks
+from agent_plugin.jobs import JobOptions, RunQueue
+from agent_plugin.jobs import worker_settings as jobs_worker_settings
+from agent_plugin.memory import MemoryStore
+from agent_plugin.policy import ToolPolicy
+from agent_plugin.proactive import Delivery, Heartbeat
+from agent_plugin.providers.base import LlmClient
+from agent_plugin.runtime import (
+    AgentRuntime,
+    ModelFactory,
+    RuntimeSpec,
+    check_always_on,
+    open_runtime,
+)
+from agent_plugin.sessions import SessionStore
+from agent_plugin.skills import Skill
+from agent_plugin.tools import Tool
+from agent_plugin.web.handle import STATE_KEY, AppAgent
+from agent_plugin.web.health import AgentHealth, health_router
+from agent_plugin.web.problems import agent_error_handler
+from agent_plugin.web.routes import agent_router
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["AgentPlugin", "Configurer"]
+
+logger = logging.getLogger("agent_plugin")
+
+Configurer: TypeAlias = Callable[[AgentSettings], Mapping[str, Any]]
+"""Computes settings overrides from the loaded settings (see :meth:`AgentPlugin.configure`)."""
+
+
+class AgentPlugin:
+    """Adds an agent to a FastAPI app: config, client, stores, routes, health, error mapping.
+
+    Everything can be given to the constructor or added with the builder methods
+    (:meth:`tool`, :meth:`tools`, :meth:`hook`, :meth:`skill`, :meth:`followups`,
+    :meth:`configure`), which return the plugin so calls chain.
+
+    * ``model``: an :class:`LlmClient` to use instead of the configured provider (no API key is
+      then needed, and the plugin does not close it), or a :data:`ModelFactory` called with the
+      loaded settings (a client it returns is closed at shutdown; ``None`` falls back to the
+      configured provider).
+    * ``http_transport``: a callable that makes the httpx transport of the configured
+      provider's client, called once per start (the client closes it at shutdown): a proxy or
+      TLS setup, or a faster engine under many concurrent runs.
+    * ``session_store``: default the SQL store on ``database_url``. ``memory_store``: ``None``
+      (the default) gives agents no memory, because a memory scope is shared by everyone who
+      uses it; ``"sql"`` uses the SQL store on ``database_url``; or pass any store.
+    * ``skills``: :class:`Skill` s, or a folder of ``SKILL.md`` skills read at startup.
+    * ``settings``: complete settings to use instead of reading the file and environment;
+      ``environ`` and ``config_file`` replace ``os.environ`` and ``AGENT_CONFIG_FILE``.
+    * ``auto_migrate``: ``None`` migrates SQLite at startup and only checks PostgreSQL (run
+      ``python -m agent_plugin migrate`` as a deploy step); ``True``/``False`` force either.
+    * ``health``: the :class:`AgentHealth` component (to tune its cache and time limit).
+    * ``delivery``: where the reports of background runs with delivery on go (heartbeat
+      ticks, follow-ups, runs enqueued with ``deliver=True``); default a log.
+    * ``heartbeat``: a :class:`~agent_plugin.proactive.Heartbeat` the workers tick.
+    * ``followups``: the longest delay (a timedelta of at least a minute) of the
+      ``schedule_followup`` tool every agent then gets; also :meth:`followups`.
+    * ``jobs``: background runs on arq: ``None`` (the default) turns them on when the plugin
+      uses its SQL database anyway (the default stores), ``True`` or a :class:`JobOptions`
+      turns them on (opening ``database_url`` for the run records even with in-memory
+      stores), ``False`` turns them off.
+    """
+
+    def __init__(
+        self,
+        *,
+        tools: Iterable[Tool] = (),
+        hooks: Iterable[AgentHooks] = (),
+        policy: ToolPolicy | None = None,
+        model: LlmClient | ModelFactory | None = None,
+        http_transport: Callable[[], httpx.AsyncBaseTransport] | None = None,
+        session_store: SessionStore | None = None,
+        memory_store: MemoryStore | Literal["sql"] | None = None,
+        skills: Iterable[Skill] | str | Path = (),
+        compaction: Compaction | None = None,
+        delivery: Delivery | None = None,
+        heartbeat: Heartbeat | None = None,
+        followups: timedelta | None = None,
+        settings: AgentSettings | None = None,
+        environ: Mapping[str, str] | None = None,
+        config_file: str | Path | None = None,
+        auto_migrate: bool | None = None,
+        health: AgentHealth | None = None,
+        jobs: JobOptions | bool | None = None,
+    ) -> None:
+        self._tools: list[Tool] = list(tools)
+        self._hooks: list[AgentHooks] = list(hooks)
+        self.policy = policy
+        self.model = model
+        self.http_transport = http_transport
+        self.session_store = session_store
+        self.memory_store = memory_store
+        self._skills: list[Skill] = []
+        self._skill_folders: list[Path] = []
+        self._add_skills(skills)
+        self.compaction = compaction
+        self.delivery = delivery
+        self.heartbeat = heartbeat
+        self.followup_max_delay = followups
+        """The longest follow-up delay (``followups=``, or :meth:`followups`)."""
+        self._settings = settings
+        self._environ = environ
+        self._config_file = config_file
+        self.auto_migrate = auto_migrate
+        self.health = health if health is not None else AgentHealth()
+        self._overrides: dict[str, Any] = {}
+        self._configurers: list[Configurer] = []
+        self._running: weakref.WeakKeyDictionary[Any, AppAgent] = weakref.WeakKeyDictionary()
+        self._jobs = jobs
+
+    def __repr__(self) -> str:
+        names = sorted(getattr(t, "name", "?") for t in self._tools)
+        return f"AgentPlugin(tools={names!r}, overrides={sorted(self._overrides)!r})"
+
+    # --- builder -------------------------------------------------------------------------
+
+    @property
+    def registered_tools(self) -> list[Tool]:
+        """The tools registered so far, in registration order."""
+        return list(self._tools)
+
+    @property
+    def registered_hooks(self) -> list[AgentHooks]:
+        return list(self._hooks)
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The settings overrides given to :meth:`configure` as keywords."""
+        return dict(self._overrides)
+
+    def tool(self, tool: Tool) -> AgentPlugin:
+        """Register one tool."""
+        self._tools.append(tool)
+        return self
+
+    def tools(self, tools: Iterable[Tool]) -> AgentPlugin:
+        """Register several tools."""
+        self._tools.extend(tools)
+        return self
+
+    def hook(self, hook: AgentHooks) -> AgentPlugin:
+        """Register a hook; hooks run in registration order."""
+        self._hooks.append(hook)
+        return self
+
+    def skill(self, skill: Skill | str | Path) -> AgentPlugin:
+        """Register a skill, or a folder of ``SKILL.md`` skills (read at startup)."""
+        self._add_skills([skill] if isinstance(skill, Skill) else skill)
+        return self
+
+    def followups(self, max_delay: timedelta) -> AgentPlugin:
+        """Give every agent the ``schedule_followup`` tool: the agent books its own next
+        wake-up, at most ``max_delay`` from now (at least one minute).
+
+        A booking is a delayed background run in the same session and memory scope, with
+        delivery on; a chain of follow-ups stops at ten links. Needs background runs.
+        """
+        self.followup_max_delay = max_delay
+        return self
+
+    def configure(self, fn: Configurer | None = None, /, **overrides: Any) -> AgentPlugin:
+        """Override settings in code: the strongest layer.
+
+        ``configure(max_steps=5)`` sets values: every key given wins over the file and the
+        environment, even when it equals the default. ``configure(fn)`` calls ``fn`` with the
+        loaded settings at startup; the mapping it returns is applied the same way (and
+        validated), e.g. ``configure(lambda s: {"max_steps": s.max_steps * 2})``.
+        """
+        if fn is not None:
+            self._configurers.append(fn)
+        self._overrides.update(overrides)
+        return self
+
+    def _add_skills(self, skills: Iterable[Skill] | str | Path) -> None:
+        if isinstance(skills, str | Path):
+            self._skill_folders.append(Path(skills))
+        else:
+            self._skills.extend(skills)
+
+    # --- settings ------------------------------------------------------------------------
+
+    def load_settings(self) -> AgentSettings:
+        """The settings the plugin would start with: loaded, overridden, validated."""
+        overrides = dict(self._overrides)
+        settings = self._settings_with(overrides)
+        for configurer in self._configurers:
+            overrides.update(configurer(settings))
+            settings = self._settings_with(overrides)
+        return settings
+
+    def _settings_with(self, overrides: Mapping[str, Any]) -> AgentSettings:
+        if self._settings is None:
+            return AgentSettings.load(
+                overrides, environ=self._environ, config_file=self._config_file
+            )
+        if not overrides:
+            return self._settings
+        try:
+            return AgentSettings.model_validate({**self._settings.model_dump(), **overrides})
+        except ValidationError as error:
+            problems = "; ".join(
+                f"code override {'.'.join(str(p) for p in e['loc']) or '?'}: {e['msg']}"
+                for e in error.errors(include_url=False)
+            )
+            raise AgentError.config(problems) from None
+
+    def job_options(self) -> JobOptions | None:
+        """The background-run options, or ``None`` when background runs are off."""
+        option = self._jobs
+        stores_need_database = self.session_store is None or self.memory_store == "sql"
+        if option is False or (option is None and not stores_need_database):
+            return None
+        return option if isinstance(option, JobOptions) else JobOptions()
+
+    def spec(self) -> RuntimeSpec:
+        """What this plugin opens runtimes from (see :func:`~agent_plugin.runtime.open_runtime`)."""
+        options = self.job_options()
+        return RuntimeSpec(
+            tools=tuple(self._tools),
+            hooks=tuple(self._hooks),
+            policy=self.policy,
+            model=self.model,
+            http_transport=self.http_transport,
+            session_store=self.session_store,
+            memory_store=self.memory_store,
+            skills=tuple(self._skills),
+            skill_folders=tuple(self._skill_folders),
+            compaction=self.compaction,
+            delivery=self.delivery,
+            heartbeat=self.heartbeat,
+            followups=self.followup_max_delay,
+            run_records=options is not None,
+            # a worker runs up to max_jobs runs at once, each with its own transactions
+            pool_size=options.max_jobs if options is not None else None,
+            auto_migrate=self.auto_migrate,
+            environ=dict(self._environ) if self._environ is not None else None,
+        )
+
+    def check_always_on(self) -> None:
+        """Check ``delivery``, ``heartbeat`` and ``followups``; a ``config`` error says what is
+        wrong (see :func:`~agent_plugin.runtime.check_always_on`)."""
+        check_always_on(self.spec())
+
+    # --- startup and shutdown ------------------------------------------------------------
+
+    async def start(self) -> AgentRuntime:
+        """Open a runtime: settings, client, database and stores. Fails with AgentError.
+
+        The app's lifespan and every worker call this; ``await runtime.aclose()`` when done.
+        """
+        try:
+            return await open_runtime(self.spec(), self.load_settings())
+        except AgentError as error:
+            raise AgentError(
+                error.kind,
+                f"the agent plugin could not start: {error.message}",
+                provider=error.provider,
+                status=error.status,
+            ) from error
+
+    async def _open(self) -> AppAgent:
+        runtime = await self.start()
+        options = self.job_options()
+        if runtime.runs is None or options is None:
+            return AppAgent(runtime)
+        return AppAgent(runtime, RunQueue(runtime.settings, runtime.runs, options))
+
+    @staticmethod
+    async def _close(agent: AppAgent) -> None:
+        try:
+            if agent.queue is not None:
+                await agent.queue.aclose()
+        finally:
+            await agent.runtime.aclose()
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[AppAgent]:
+        """The app's agent outside a FastAPI app (a script, a one-off job): opened on entry,
+        closed on exit::
+
+            async with plugin.open() as agent:
+                await agent.enqueue("Summarise this week's tickets", session="reports")
+        """
+        agent = await self._open()
+        try:
+            yield agent
+        finally:
+            await self._close(agent)
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Start the agent for ``app`` and stop it afterwards: ``FastAPI(lifespan=...)``.
+
+        Entered again for an app it already runs for (a lifespan given to ``FastAPI`` and
+        composed by :meth:`install`), it does nothing.
+        """
+        if app in self._running:
+            yield
+            return
+        agent = await self._open()
+        runtime = agent.runtime
+        self._running[app] = agent
+        setattr(app.state, STATE_KEY, agent)
+        self.health.attach(runtime.client, runtime.settings.provider)
+        logger.info("agent plugin started: %r", runtime)
+        try:
+            yield
+        finally:
+            self.health.detach(runtime.client)
+            setattr(app.state, STATE_KEY, None)
+            del self._running[app]
+            await self._close(agent)
+            logger.info("agent plugin stopped")
+
+    def agent(self, app: FastAPI) -> AppAgent:
+        """The agent running for ``app``, for code outside a request (startup tasks, scheduled
+        jobs); an ``unavailable`` error before the app started or after it stopped."""
+        agent = self._running.get(app)
+        if agent is None:
+            raise AgentError(
+                ErrorKind.UNAVAILABLE, "agent plugin is not installed or has not started"
+            )
+        return agent
+
+    def runtime(self, app: FastAPI) -> AgentRuntime | None:
+        """The runtime running for ``app``, if it started."""
+        agent = self._running.get(app)
+        return agent.runtime if agent is not None else None
+
+    # --- background runs -----------------------------------------------------------------
+
+    def worker_settings(self, **overrides: Any) -> type[Any]:
+        """arq ``WorkerSettings`` that run this plugin's background jobs.
+
+        Put it in a module and start the standard arq CLI on it::
+
+            # yourapp/worker.py
+            from yourapp.main import plugin
+            WorkerSettings = plugin.worker_settings()
+
+            $ arq yourapp.worker.WorkerSettings
+
+        The worker opens the same runtime as the app (:meth:`start`) and closes it at
+        shutdown. ``overrides`` set any other arq worker setting. The settings and the
+        always-on options are read when this is called: a bad configuration fails here.
+        """
+        self.check_always_on()
+        options = self.job_options()
+        if options is None:
+            raise AgentError.config(
+                "background runs are off for this plugin (jobs=False, or in-memory stores "
+                "only): pass jobs=True to AgentPlugin to keep run records in database_url"
+            )
+        return jobs_worker_settings(
+            self.start, self.load_settings(), options, heartbeat=self.heartbeat, **overrides
+        )
+
+    # --- installing ----------------------------------------------------------------------
+
+    def install(
+        self,
+        app: FastAPI,
+        *,
+        dependencies: Sequence[DependsParam] = (),
+        health_route: bool | None = None,
+        runs_route: bool = False,
+        console: bool = False,
+    ) -> None:
+        """Add the routes, the error handler and the health route; wrap the app's lifespan.
+
+        ``dependencies`` (e.g. ``[Depends(require_user)]``) guard the agent routes; the
+        health routes stay open. ``health_route=None`` adds them unless the app already has a
+        route at the health path. ``runs_route=True`` adds ``POST {prefix}/runs`` and
+        ``console=True`` the run console page (see :meth:`router`). The plugin starts before
+        the app's own lifespan and stops after it, so the app's startup code can use the agent.
+        """
+        if getattr(app.state, "agent_plugin", None) is not None:
+            raise AgentError.config("an agent plugin is already installed in this app")
+        app.state.agent_plugin = self
+        prefix, health_path = self._layout()
+        app.add_exception_handler(AgentError, agent_error_handler)
+        app.include_router(
+            self.router(prefix, dependencies=dependencies, runs_route=runs_route, console=console)
+        )
+        if health_route is None:
+            health_route = not any(
+                getattr(route, "path", None) == health_path for route in app.router.routes
+            )
+        if health_route:
+            app.include_router(health_router(self.health, health_path))
+        original = app.router.lifespan_context
+
+        @asynccontextmanager
+        async def lifespan(inner: FastAPI) -> AsyncIterator[Any]:
+            async with self.lifespan(inner), original(inner) as state:
+                yield state
+
+        app.router.lifespan_context = lifespan
+
+    def _layout(self) -> tuple[str, str]:
+        """The route prefix and health path; defaults when the settings do not load yet."""
+        try:
+            settings = self.load_settings()
+        except AgentError:  # reported at startup, where every configuration error surfaces
+            defaults = AgentSettings.model_construct()
+            return defaults.route_prefix, defaults.health_path
+        return settings.route_prefix, settings.health_path
+
+    def router(
+        self,
+        prefix: str = "/agent",
+        *,
+        dependencies: Sequence[DependsParam] = (),
+        runs_route: bool = False,
+        console: bool = False,
+    ) -> APIRouter:
+        """The agent routes under ``prefix``, all behind ``dependencies``: the tools, and with
+        background runs on the run routes (see :func:`~agent_plugin.web.routes.agent_router`).
+
+        Run ids are unguessable (128 random bits), but every caller that passes
+        ``dependencies`` can read any run it knows the id of: scope the ids per user in your
+        own routes if users must not share them.
+        """
+        return agent_router(
+            prefix,
+            dependencies=dependencies,
+            background=self.job_options() is not None,
+            runs_route=runs_route,
+            console=console,
+        )

@@ -1,0 +1,227 @@
+"""The agent's HTTP routes, thin over :class:`~agent_plugin.web.handle.AppAgent`: the tools,
+and with background runs on, a run's record, decisions, events, cancel, messages, the start
+of a run and the run console. ``docs/live-runs.md`` and ``docs/background-runs.md`` describe
+them for clients."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, HTTPException, Query, Response
+from fastapi.params import Depends as DependsParam
+from fastapi.responses import HTMLResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from agent_plugin.jobs import RunHandle
+from agent_plugin.live import parse_event_id
+from agent_plugin.outcomes import ApprovalDecision
+from agent_plugin.records import RunRecord
+from agent_plugin.tools import Tool, ToolEffect
+from agent_plugin.web.console import CONSOLE_HEADERS, console_page
+from agent_plugin.web.handle import NOT_INSTALLED, AgentHandle
+from agent_plugin.web.sse import sse_response
+
+__all__ = ["CancelRequest", "RunRequest", "SteeringRequest", "ToolInfo", "agent_router"]
+
+
+class ToolInfo(BaseModel):
+    """A tool as the agent routes list it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str
+    effect: ToolEffect
+    input_schema: dict[str, JsonValue]
+
+    @classmethod
+    def of(cls, tool: Tool) -> ToolInfo:
+        return cls(
+            name=tool.name,
+            description=tool.description,
+            effect=tool.effect,
+            input_schema=tool.input_schema,
+        )
+
+
+class RunRequest(BaseModel):
+    """The body of ``POST {prefix}/runs``: a task to run in the background."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=32_000, examples=["Summarise today's tickets"])
+    session: str | None = Field(default=None, min_length=1, max_length=255)
+
+
+class SteeringRequest(BaseModel):
+    """The body of ``POST {prefix}/runs/{run_id}/messages``: a message for a running run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, max_length=32_000, examples=["Also check the staging logs"])
+
+
+class CancelRequest(BaseModel):
+    """The (optional) body of ``POST {prefix}/runs/{run_id}/cancel``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(default="cancelled over HTTP", min_length=1, max_length=500)
+
+
+_PROBLEMS: dict[int | str, dict[str, Any]] = {
+    404: {"description": "No such run (problem details)"},
+    409: {"description": "The run is not in a state that takes this request"},
+    503: {"description": "Redis or the database is unreachable, or the plugin is not running"},
+}
+
+
+def agent_router(
+    prefix: str,
+    *,
+    dependencies: Sequence[DependsParam] = (),
+    background: bool,
+    runs_route: bool = False,
+    console: bool = False,
+) -> APIRouter:
+    """The agent routes under ``prefix``, all behind ``dependencies``.
+
+    * ``GET {prefix}/tools``: the tools the agent offers the model.
+
+    With ``background`` (background runs on):
+
+    * ``GET {prefix}/runs/{run_id}``: the run's record; 404 for an unknown id.
+    * ``POST {prefix}/runs/{run_id}/decisions``: decisions for a paused run's calls; 202 with
+      the run's handle, the resume queued; 409 when not accepted.
+    * ``POST {prefix}/runs`` (``runs_route``): ``{"prompt", "session"?}`` starts a run; 202.
+    * ``GET {prefix}/runs/{run_id}/events``: the run's events as Server-Sent Events, after
+      ``Last-Event-ID`` (header, or the ``last_event_id`` query parameter); ``?follow=true``
+      goes on through pauses; 204 when the client has seen the end already.
+    * ``POST {prefix}/runs/{run_id}/cancel`` and ``POST {prefix}/runs/{run_id}/messages``.
+    * ``GET {prefix}/console/{run_id}`` (``console``): the run console page.
+    """
+    router = APIRouter(prefix=prefix, tags=["agent"], dependencies=list(dependencies))
+
+    @router.get(
+        "/tools",
+        response_model=list[ToolInfo],
+        summary="The tools the agent offers the model",
+        responses={503: {"description": NOT_INSTALLED}},
+    )
+    async def list_agent_tools(agent: AgentHandle) -> list[ToolInfo]:
+        return [ToolInfo.of(t) for t in agent.agent().tools]
+
+    if background:
+        _add_run_routes(router, runs_route=runs_route)
+        _add_live_routes(router, console=console, prefix=prefix)
+    return router
+
+
+def _accepted(response: Response, handle: RunHandle) -> RunHandle:
+    response.headers["location"] = handle.status_path
+    return handle
+
+
+def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
+    @router.get(
+        "/runs/{run_id}",
+        response_model=RunRecord,
+        summary="A background run's status, progress and outcome",
+        responses={404: _PROBLEMS[404], 503: _PROBLEMS[503]},
+    )
+    async def get_run(run_id: str, agent: AgentHandle) -> Any:
+        return await agent.run_status(run_id)
+
+    @router.post(
+        "/runs/{run_id}/decisions",
+        status_code=202,
+        response_model=RunHandle,
+        summary="Approve, edit or reject the calls a paused run waits on, and resume it",
+        responses=_PROBLEMS,
+    )
+    async def decide_run(
+        run_id: str,
+        decisions: Annotated[list[ApprovalDecision], Body()],
+        agent: AgentHandle,
+        response: Response,
+    ) -> Any:
+        return _accepted(response, await agent.enqueue_resume(run_id, decisions))
+
+    if runs_route:
+
+        @router.post(
+            "/runs",
+            status_code=202,
+            response_model=RunHandle,
+            summary="Start a background run",
+            responses={409: _PROBLEMS[409], 503: _PROBLEMS[503]},
+        )
+        async def start_run(body: RunRequest, agent: AgentHandle, response: Response) -> Any:
+            return _accepted(response, await agent.enqueue(body.prompt, session=body.session))
+
+
+def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
+    @router.get(
+        "/runs/{run_id}/events",
+        response_class=StreamingResponse,
+        summary="A run's events as Server-Sent Events",
+        responses={
+            200: {"content": {"text/event-stream": {}}},
+            204: {"description": "The client has seen the run's end already"},
+            400: {"description": "Last-Event-ID is not an event id"},
+            404: _PROBLEMS[404],
+            503: _PROBLEMS[503],
+        },
+    )
+    async def run_events(
+        run_id: str,
+        agent: AgentHandle,
+        last_event_id: Annotated[str | None, Header()] = None,
+        after: Annotated[str | None, Query(alias="last_event_id")] = None,
+        follow: bool = False,
+    ) -> Response:
+        last = last_event_id or after
+        if last is not None and parse_event_id(last) is None:
+            await agent.run_status(run_id)  # an unknown run is a 404 first
+            raise HTTPException(400, "Last-Event-ID is not an event id")
+        events = await agent.jobs.events(run_id, last_event_id=last, follow=follow)
+        if events is None:
+            return Response(status_code=204)
+        return sse_response(events)
+
+    @router.post(
+        "/runs/{run_id}/cancel",
+        status_code=202,
+        response_model=RunHandle,
+        summary="Cancel a queued, paused or running run",
+        responses=_PROBLEMS,
+    )
+    async def cancel_run(
+        run_id: str,
+        agent: AgentHandle,
+        response: Response,
+        body: Annotated[CancelRequest | None, Body()] = None,
+    ) -> Any:
+        await agent.cancel(run_id, body.reason if body else "cancelled over HTTP")
+        return _accepted(response, agent.jobs.handle(run_id))
+
+    @router.post(
+        "/runs/{run_id}/messages",
+        status_code=202,
+        response_model=RunHandle,
+        summary="Send a message that joins a running run before its next model call",
+        responses=_PROBLEMS,
+    )
+    async def steer_run(
+        run_id: str, body: SteeringRequest, agent: AgentHandle, response: Response
+    ) -> Any:
+        await agent.steer(run_id, body.text)
+        return _accepted(response, agent.jobs.handle(run_id))
+
+    if console:
+
+        @router.get("/console/{run_id}", response_class=HTMLResponse, include_in_schema=False)
+        async def run_console(run_id: str, agent: AgentHandle) -> HTMLResponse:
+            await agent.run_status(run_id)  # 404 for an unknown run
+            return HTMLResponse(console_page(run_id, prefix=prefix), headers=CONSOLE_HEADERS)
