@@ -261,17 +261,20 @@ class AnthropicClient:
                 sent = request if turn is None else _continued(request, turn, container)
                 calls = 0 if turn is None else len(turn.tool_calls)
                 reply: ChatResponse | None = None
-                async for event in retry_stream(
+                events = retry_stream(
                     functools.partial(self._stream_once, sent, calls),
                     self._http.retry,
                     deadline=request.deadline,
                     on_retry=request.on_retry,
-                ):
-                    if isinstance(event, _Finished):
-                        reply, container = event.response, event.container or container
-                    else:
-                        shown = True
-                        yield event
+                )
+                # closing the attempts early (the caller stopped) releases the connection
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        if isinstance(event, _Finished):
+                            reply, container = event.response, event.container or container
+                        else:
+                            shown = True
+                            yield event
                 assert reply is not None  # every attempt ends with _Finished or raises
                 turn = reply if turn is None else _joined(turn, reply)
                 if reply.raw_stop_reason != PAUSE_TURN:

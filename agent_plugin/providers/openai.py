@@ -259,12 +259,15 @@ class OpenAICompatibleClient:
         """
         attempt = functools.partial(self._stream_once, self.encode_body(request, stream=True))
         shown = False
+        events = retry_stream(
+            attempt, self._http.retry, deadline=request.deadline, on_retry=request.on_retry
+        )
         try:
-            async for event in retry_stream(
-                attempt, self._http.retry, deadline=request.deadline, on_retry=request.on_retry
-            ):
-                shown = shown or not isinstance(event, StreamDone)
-                yield event
+            # closing the attempts early (the caller stopped) releases the connection at once
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    shown = shown or not isinstance(event, StreamDone)
+                    yield event
         except AgentError as error:
             raise self._http.scrub_error(interrupted(error) if shown else error) from None
 

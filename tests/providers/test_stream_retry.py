@@ -8,7 +8,7 @@ whole call again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -187,3 +187,35 @@ def test_the_cut_recordings_are_cut_where_output_starts() -> None:
         assert marker.encode() not in before
         assert marker.encode() in after
         assert sse_body(fixture).startswith(before)
+
+
+class Recorded(httpx.AsyncByteStream):
+    """A recorded body served in its lines; remembers whether it was closed."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for line in self.body.splitlines(keepends=True):
+            yield line
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize(("make", "name", "marker"), STREAMS, ids=IDS)
+async def test_a_caller_that_stops_early_closes_the_response_at_once(
+    make: Callable[..., Client], name: str, marker: str
+) -> None:
+    fixture = load(name)
+    body = Recorded(sse_body(fixture))
+    client = make(
+        lambda _: httpx.Response(200, headers=fixture["response"]["headers"], stream=body)
+    )
+    async with aclosing(client):
+        events = client.stream(ChatRequest(messages=[ChatMessage.user("hi")]))
+        assert isinstance(events, AsyncGenerator)
+        async with aclosing(events):
+            await anext(events)
+        assert body.closed  # not left for the garbage collector
