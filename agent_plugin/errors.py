@@ -57,8 +57,6 @@ class ErrorKind(StrEnum):
         """Classify a provider's non-2xx HTTP status [AP-09]."""
         if status in (401, 403):
             return cls.AUTHENTICATION
-        if status == 402:
-            return cls.OUT_OF_CREDIT
         if status == 429:
             return cls.RATE_LIMITED
         if status == 413:

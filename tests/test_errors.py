@@ -45,7 +45,6 @@ def test_no_kind_maps_to_a_success_status(kind: ErrorKind) -> None:
     [
         (401, ErrorKind.AUTHENTICATION),
         (403, ErrorKind.AUTHENTICATION),
-        (402, ErrorKind.OUT_OF_CREDIT),
         (429, ErrorKind.RATE_LIMITED),
         (413, ErrorKind.BUDGET),
         (408, ErrorKind.UNAVAILABLE),

@@ -42,6 +42,8 @@ _CONTEXT_PHRASES: Final = (
     "exceeds the available context size",  # llama.cpp server
 )
 
+_PAYMENT_REQUIRED: Final = 402
+
 _NOTES: Final[Mapping[ErrorKind, str]] = {
     ErrorKind.OUT_OF_CREDIT: "the provider account is out of credit; add credit or raise its "
     "spending limit, retrying will not help",
@@ -53,11 +55,14 @@ def failure_kind(status: int | None, body: object) -> ErrorKind:
     """The kind of a provider error with HTTP ``status`` (None: reported inside a 200 answer)
     and ``body`` (the response text, or the error payload already parsed).
 
-    Authentication (401, 403) and server failures (5xx) keep their status kind; for the other
-    statuses the body decides between out of credit, context too long and the status kind.
+    402 Payment Required is out of credit; authentication (401, 403) and server failures (5xx)
+    keep their status kind; for the other statuses the body decides between out of credit,
+    context too long and the status kind.
     """
+    if status == _PAYMENT_REQUIRED:  # DeepSeek, OpenRouter: the account has no credit left
+        return ErrorKind.OUT_OF_CREDIT
     kind = ErrorKind.PROVIDER if status is None else ErrorKind.from_http_status(status)
-    if kind in (ErrorKind.AUTHENTICATION, ErrorKind.UNAVAILABLE, ErrorKind.OUT_OF_CREDIT):
+    if kind in (ErrorKind.AUTHENTICATION, ErrorKind.UNAVAILABLE):
         return kind
     codes, messages = _read(body)
     if codes & _OUT_OF_CREDIT_CODES or _says(messages, _OUT_OF_CREDIT_PHRASES):
