@@ -29,6 +29,15 @@ class ErrorKind(StrEnum):
     NOT_FOUND = "not_found"
     INTERNAL = "internal"
     """An unexpected failure in the app's own code (a hook or a policy raised)."""
+    OUT_OF_CREDIT = "out_of_credit"
+    """The provider account has no credit left (OpenAI ``insufficient_quota``, HTTP 402):
+    asking again does not help until someone pays."""
+    CONTEXT_TOO_LONG = "context_too_long"
+    """The conversation is longer than the model's context window: shorten it (compact, drop
+    history) before asking again."""
+    STREAM_INTERRUPTED = "stream_interrupted"
+    """A streamed reply broke off after part of it had been delivered. The part was not kept
+    (it is in no transcript); the whole call can be made again."""
 
     @property
     def display_name(self) -> str:
@@ -41,7 +50,8 @@ class ErrorKind(StrEnum):
 
     @property
     def retryable(self) -> bool:
-        """Worth trying again later: the provider was busy, down or unreachable."""
+        """Worth trying again later: the provider was busy, down or unreachable, or a stream
+        broke off midway."""
         return self in _RETRYABLE
 
     @classmethod
@@ -71,9 +81,21 @@ _HTTP_STATUS: Final[dict[ErrorKind, int]] = {
     ErrorKind.CONFLICT: 409,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.INTERNAL: 500,
+    # the app's provider account is out of credit: the service is unavailable, and the app's
+    # own client is not the one who must pay (402 would tell it so)
+    ErrorKind.OUT_OF_CREDIT: 503,
+    ErrorKind.CONTEXT_TOO_LONG: 413,
+    ErrorKind.STREAM_INTERRUPTED: 503,
 }
 
-_RETRYABLE: Final = frozenset({ErrorKind.RATE_LIMITED, ErrorKind.UNAVAILABLE, ErrorKind.TRANSPORT})
+_RETRYABLE: Final = frozenset(
+    {
+        ErrorKind.RATE_LIMITED,
+        ErrorKind.UNAVAILABLE,
+        ErrorKind.TRANSPORT,
+        ErrorKind.STREAM_INTERRUPTED,
+    }
+)
 
 
 class ErrorInfo(BaseModel):

@@ -19,9 +19,15 @@ __all__ = [
     "Image",
     "ImagePart",
     "JsonValue",
+    "ProviderBlock",
+    "ProviderBlockPart",
     "RedactedThinking",
     "RedactedThinkingPart",
     "Role",
+    "ServerToolCall",
+    "ServerToolCallPart",
+    "ServerToolResult",
+    "ServerToolResultPart",
     "StopReason",
     "TextPart",
     "Thinking",
@@ -91,6 +97,36 @@ class RedactedThinking(_Model):
     data: str
 
 
+class ServerToolCall(_Model):
+    """A call of a tool the provider runs itself (Anthropic's web search, code execution).
+
+    The agent never runs it: the provider did, and its result follows as a
+    :class:`ServerToolResult` in the same reply. Both are kept so the transcript can be sent
+    back to that provider as it was; other providers do not see them.
+    """
+
+    id: str
+    name: str
+    arguments: JsonValue = Field(default_factory=dict)
+
+
+class ServerToolResult(_Model):
+    """What a provider-run tool returned: ``type`` names the kind of result as the provider
+    does (``web_search_tool_result``), ``content`` is its payload as sent."""
+
+    tool_call_id: str
+    type: str
+    content: JsonValue = None
+
+
+class ProviderBlock(_Model):
+    """A content block of a kind this model has no type for, kept whole: ``data`` is the block's
+    JSON as ``provider`` sent it, re-sent unchanged to that provider and to no other."""
+
+    provider: str
+    data: dict[str, JsonValue]
+
+
 class TextPart(_Model):
     text: str
 
@@ -115,6 +151,18 @@ class RedactedThinkingPart(_Model):
     redacted_thinking: RedactedThinking
 
 
+class ServerToolCallPart(_Model):
+    server_tool_call: ServerToolCall
+
+
+class ServerToolResultPart(_Model):
+    server_tool_result: ServerToolResult
+
+
+class ProviderBlockPart(_Model):
+    provider_block: ProviderBlock
+
+
 _PART_TAGS: Final = (
     "text",
     "tool_call",
@@ -122,6 +170,9 @@ _PART_TAGS: Final = (
     "image",
     "thinking",
     "redacted_thinking",
+    "server_tool_call",
+    "server_tool_result",
+    "provider_block",
 )
 
 
@@ -143,7 +194,10 @@ ContentPart: TypeAlias = Annotated[
     | Annotated[ToolResultPart, Tag("tool_result")]
     | Annotated[ImagePart, Tag("image")]
     | Annotated[ThinkingPart, Tag("thinking")]
-    | Annotated[RedactedThinkingPart, Tag("redacted_thinking")],
+    | Annotated[RedactedThinkingPart, Tag("redacted_thinking")]
+    | Annotated[ServerToolCallPart, Tag("server_tool_call")]
+    | Annotated[ServerToolResultPart, Tag("server_tool_result")]
+    | Annotated[ProviderBlockPart, Tag("provider_block")],
     Discriminator(_part_tag),
 ]
 

@@ -21,6 +21,10 @@ SEED_STATUSES = {
     ErrorKind.CONFLICT: 409,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.INTERNAL: 500,
+    # beyond the seed: what a provider's error says, not only its status (issue 19)
+    ErrorKind.OUT_OF_CREDIT: 503,
+    ErrorKind.CONTEXT_TOO_LONG: 413,
+    ErrorKind.STREAM_INTERRUPTED: 503,
 }
 
 
@@ -58,7 +62,15 @@ def test_provider_statuses_classify(status: int, kind: ErrorKind) -> None:
 
 def test_only_busy_down_or_unreachable_providers_are_retryable() -> None:
     retryable = {k for k in ErrorKind if k.retryable}
-    assert retryable == {ErrorKind.RATE_LIMITED, ErrorKind.UNAVAILABLE, ErrorKind.TRANSPORT}
+    assert retryable == {
+        ErrorKind.RATE_LIMITED,
+        ErrorKind.UNAVAILABLE,
+        ErrorKind.TRANSPORT,
+        ErrorKind.STREAM_INTERRUPTED,  # the whole call can be made again
+    }
+    # an account out of credit is not helped by waiting, nor an overlong conversation
+    assert not ErrorKind.OUT_OF_CREDIT.retryable
+    assert not ErrorKind.CONTEXT_TOO_LONG.retryable
 
 
 def test_display_mentions_kind_and_message() -> None:

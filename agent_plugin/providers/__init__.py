@@ -5,6 +5,9 @@
 - :class:`AnthropicClient` — ``POST {base}/v1/messages``;
 - :class:`ScriptedModel` — a deterministic local model for tests and demos.
 
+:class:`EndpointProfile` says what an OpenAI-compatible endpoint accepts (chosen from the base
+URL for known hosts); :class:`ServerTool` declares a tool Anthropic runs itself.
+
 :class:`LeanTransport` is an httpx transport for many concurrent runs (pass it to a wire client
 as ``transport=``, or ``AgentPlugin(http_transport=LeanTransport)``).
 """
@@ -27,15 +30,18 @@ from agent_plugin.providers.retry import RetryNotice, RetryPolicy
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
 
 if TYPE_CHECKING:
-    from agent_plugin.providers.anthropic import AnthropicClient
+    from agent_plugin.providers.anthropic import AnthropicClient, ServerTool
     from agent_plugin.providers.lean import LeanTransport
     from agent_plugin.providers.openai import OpenAICompatibleClient
+    from agent_plugin.providers.profiles import EndpointProfile
 
 # the wire clients (and httpx) load on first use, not with the core
 _LAZY = {
     "AnthropicClient": "agent_plugin.providers.anthropic",
+    "EndpointProfile": "agent_plugin.providers.profiles",
     "LeanTransport": "agent_plugin.providers.lean",
     "OpenAICompatibleClient": "agent_plugin.providers.openai",
+    "ServerTool": "agent_plugin.providers.anthropic",
 }
 
 
@@ -50,12 +56,14 @@ __all__ = [
     "AnthropicClient",
     "ChatRequest",
     "ChatResponse",
+    "EndpointProfile",
     "LeanTransport",
     "LlmClient",
     "OpenAICompatibleClient",
     "RetryNotice",
     "RetryPolicy",
     "ScriptedModel",
+    "ServerTool",
     "StreamDone",
     "StreamEvent",
     "TextDelta",

@@ -1,86 +1,90 @@
 """The Anthropic Messages API (``POST /v1/messages``) over plain httpx.
 
-Three pure pieces do the wire translation and are tested against recorded traffic:
-:meth:`AnthropicClient.build_body` (neutral request -> JSON body), :func:`parse_response`
-(JSON body -> :class:`ChatResponse`) and the stream assembler behind
-:meth:`AnthropicClient.stream`, which folds the server-sent events back into the body
-:func:`parse_response` reads, so a streamed reply and a whole one come out equal.
-:meth:`AnthropicClient.encode_body` is what is sent: the same body as bytes, where each message
-(and the tool list) is encoded once per client and reused by every later request.
+:meth:`AnthropicClient.build_body` (neutral request -> JSON body) is the request side and is
+tested against recorded traffic; :mod:`~agent_plugin.providers.anthropic_replies` reads the
+replies, whole or streamed. :meth:`AnthropicClient.encode_body` is what is sent: the same
+body as bytes, where each message (and the tool list) is encoded once per client and reused by
+every later request.
+
+Tools Anthropic runs itself (web search, web fetch, code execution) are declared with
+:class:`ServerTool`; their calls and results come back in the reply and are sent back
+unchanged. A turn the server pauses (``stop_reason: "pause_turn"``, a long server-tool loop)
+is continued here, by sending the reply so far back, so the caller gets one whole reply.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx
-from pydantic import ValidationError
 
-from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
+from agent_plugin.errors import AgentError
 from agent_plugin.messages import (
     ChatMessage,
     ContentPart,
     Image,
     ImagePart,
-    RedactedThinking,
+    ProviderBlockPart,
     RedactedThinkingPart,
     Role,
-    StopReason,
+    ServerToolCallPart,
+    ServerToolResultPart,
     TextPart,
-    Thinking,
     ThinkingPart,
-    TokenUsage,
-    ToolCall,
     ToolCallPart,
     ToolDefinition,
     ToolResultPart,
+)
+from agent_plugin.providers.anthropic_replies import (
+    PAUSE_TURN,
+    PROVIDER,
+    SERVER_RESULTS,
+    StreamAssembler,
+    container_of,
+    parse_response,
 )
 from agent_plugin.providers.base import (
     ChatRequest,
     ChatResponse,
     StreamDone,
     StreamEvent,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallArgumentsDelta,
-    ToolCallStarted,
     merge_extra_body,
 )
 from agent_plugin.providers.http import (
     EncodedCache,
     HttpTransport,
     RawJson,
-    SseEvent,
-    _model_ids,
     dumps,
     encode_json,
-    json_text,
-    loads,
+    model_ids,
     require_key,
 )
-from agent_plugin.providers.retry import RetryPolicy
+from agent_plugin.providers.retry import RetryPolicy, interrupted, retry_stream
 from agent_plugin.redaction import REDACTED
 
-__all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicClient", "parse_response"]
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "DEFAULT_MAX_TOKENS",
+    "PAUSE_TURN_LIMIT",
+    "AnthropicClient",
+    "ServerTool",
+    "parse_response",
+]
 
-PROVIDER: Final = "anthropic"
 ANTHROPIC_VERSION: Final = "2023-06-01"
 DEFAULT_MAX_TOKENS: Final = 1024
 MESSAGES_PATH: Final = "/v1/messages"
 MODELS_PATH: Final = "/v1/models"
+PAUSE_TURN_LIMIT: Final = 10
+"""Continuations of one paused turn at most; a turn still paused then is returned as it stands
+(``raw_stop_reason`` ``"pause_turn"``, stop reason unknown)."""
 
 _EPHEMERAL: Final[Mapping[str, str]] = {"type": "ephemeral"}
-
-_STOP_REASONS: Final[Mapping[str, StopReason]] = {
-    "end_turn": StopReason.END_TURN,
-    "tool_use": StopReason.TOOL_USE,
-    "max_tokens": StopReason.MAX_TOKENS,
-    "stop_sequence": StopReason.STOP_SEQUENCE,
-    "refusal": StopReason.REFUSAL,
-}
 
 _TOOL_CHOICE: Final[Mapping[str, dict[str, str]]] = {
     "auto": {"type": "auto"},
@@ -88,22 +92,59 @@ _TOOL_CHOICE: Final[Mapping[str, dict[str, str]]] = {
     "none": {"type": "none"},
 }
 
-# The HTTP status Anthropic documents for each error type; an error reported inside a body or a
-# stream is classified as if it had arrived with that status.
-_ERROR_STATUS: Final[Mapping[str, int]] = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "timeout_error": 504,
-    "overloaded_error": 529,
-}
+# Block types that may carry ``cache_control`` (thinking blocks may not; blocks kept whole are
+# not marked, since what they accept is not known here).
+_CACHEABLE: Final = frozenset(
+    {"text", "image", "tool_use", "tool_result", "server_tool_use", *SERVER_RESULTS}
+)
 
-# Block types that cannot carry ``cache_control``.
-_UNCACHEABLE: Final = frozenset({"thinking", "redacted_thinking"})
+
+@dataclass(frozen=True, slots=True)
+class ServerTool:
+    """A tool Anthropic runs on its side, declared in the ``tools`` of every request.
+
+    ``type`` is the versioned tool type and ``name`` its name, as Anthropic's tool reference
+    gives them; ``options`` are the tool's other fields (``max_uses``, ``allowed_domains``, ...);
+    ``beta`` is the ``anthropic-beta`` flag the tool needs, if any. The constructors below give
+    the documented declarations; any other tool is a plain ``ServerTool(type, name)``.
+    """
+
+    type: str
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    beta: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.type or not self.name:
+            raise AgentError.config("a ServerTool needs its type and its name")
+        if {"type", "name"} & set(self.options):
+            raise AgentError.config("ServerTool options must not repeat its type or name")
+
+    @classmethod
+    def web_search(cls, *, max_uses: int | None = None, **options: Any) -> ServerTool:
+        """Web search (``web_search_20250305``); options as documented (``allowed_domains``,
+        ``blocked_domains``, ``user_location``)."""
+        return cls("web_search_20250305", "web_search", _options(max_uses, options))
+
+    @classmethod
+    def web_fetch(cls, *, max_uses: int | None = None, **options: Any) -> ServerTool:
+        """Web fetch (``web_fetch_20250910``, beta ``web-fetch-2025-09-10``)."""
+        return cls(
+            "web_fetch_20250910", "web_fetch", _options(max_uses, options), "web-fetch-2025-09-10"
+        )
+
+    @classmethod
+    def code_execution(cls) -> ServerTool:
+        """Code execution (``code_execution_20250825``, beta ``code-execution-2025-08-25``)."""
+        return cls("code_execution_20250825", "code_execution", {}, "code-execution-2025-08-25")
+
+    def wire(self) -> dict[str, Any]:
+        """The tool's entry in a request's ``tools`` array."""
+        return {"type": self.type, "name": self.name, **self.options}
+
+
+def _options(max_uses: int | None, options: Mapping[str, Any]) -> dict[str, Any]:
+    return {**({} if max_uses is None else {"max_uses": max_uses}), **options}
 
 
 class AnthropicClient:
@@ -111,9 +152,11 @@ class AnthropicClient:
 
     ``prompt_caching`` (overridable per request) marks three of Anthropic's four cache
     breakpoints: the system text, the last tool definition and the last block of the last
-    message [AP-13]. The key goes out in ``x-api-key`` only and never appears in ``repr`` or in an
-    error; it is required for ``api.anthropic.com`` (a Config error otherwise), not for other
-    base URLs (a proxy, a test server).
+    message [AP-13]. ``server_tools`` are declared after the request's own tools in every
+    request (their beta flags go in the ``anthropic-beta`` header). The key goes out in
+    ``x-api-key`` only and never appears in ``repr`` or in an error; it is required for
+    ``api.anthropic.com`` (a Config error otherwise), not for other base URLs (a proxy, a test
+    server).
     """
 
     def __init__(
@@ -124,14 +167,19 @@ class AnthropicClient:
         api_key: str | None = None,
         timeout: float = 60.0,
         prompt_caching: bool = True,
+        server_tools: Sequence[ServerTool] = (),
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen value object
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         require_key(PROVIDER, base_url, api_key)
         self.model = model
         self.prompt_caching = prompt_caching
+        self.server_tools = tuple(server_tools)
         self._api_key = api_key or None
         headers = {"anthropic-version": ANTHROPIC_VERSION}
+        betas = sorted({tool.beta for tool in self.server_tools if tool.beta})
+        if betas:
+            headers["anthropic-beta"] = ",".join(betas)
         if self._api_key:
             headers["x-api-key"] = self._api_key
         self._http = HttpTransport(
@@ -143,6 +191,7 @@ class AnthropicClient:
             secret=self._api_key,
             transport=transport,
         )
+        self._server_tools = [tool.wire() for tool in self.server_tools]
         # encodings of the frozen messages and tool tuples this client has sent, unmarked; the
         # tool list with its cache marker is kept apart
         self._messages = EncodedCache()
@@ -171,47 +220,88 @@ class AnthropicClient:
         await self._http.aclose()
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
-        """Send the request and return the whole reply."""
-        data = await self._http.post_json(
-            MESSAGES_PATH,
-            self.encode_body(request, stream=False),
-            deadline=request.deadline,
-            on_retry=request.on_retry,
-        )
-        try:
-            return parse_response(data)
-        except AgentError as error:
-            raise self._http.scrub_error(error) from None
+        """Send the request and return the whole reply, a paused turn continued."""
+        turn: ChatResponse | None = None
+        container: str | None = None
+        for _ in range(PAUSE_TURN_LIMIT + 1):
+            sent = request if turn is None else _continued(request, turn, container)
+            data = await self._http.post_json(
+                MESSAGES_PATH,
+                self.encode_body(sent, stream=False),
+                deadline=request.deadline,
+                on_retry=request.on_retry,
+            )
+            try:
+                reply = parse_response(data)
+            except AgentError as error:
+                raise self._http.scrub_error(error) from None
+            turn = reply if turn is None else _joined(turn, reply)
+            container = container_of(data) or container
+            if reply.raw_stop_reason != PAUSE_TURN:
+                break
+        assert turn is not None  # the loop runs at least once
+        return turn
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         """Send the request with ``stream: true``; yield deltas, then one :class:`StreamDone`.
 
-        An error event inside the stream raises :class:`AgentError` after the deltas before it;
-        a stream that ends without ``message_stop`` raises a Transport error.
+        A request that fails before any delta was yielded is retried like :meth:`chat` (a
+        stream cut before its ``message_stop``, an ``overloaded_error`` event, a failed open);
+        once deltas were yielded, a failure worth retrying ends the stream with a
+        StreamInterrupted error (:func:`~agent_plugin.providers.retry.interrupted`) and no
+        :class:`StreamDone`, so the partial reply reaches no transcript. Other errors (an
+        error event the server will repeat) are raised as they are. A paused turn is
+        continued in the same stream.
         """
-        assembler = _StreamAssembler()
-        events = self._http.post_sse(
-            MESSAGES_PATH,
-            self.encode_body(request, stream=True),
-            deadline=request.deadline,
-            on_retry=request.on_retry,
-        )
+        turn: ChatResponse | None = None
+        container: str | None = None
+        shown = False
         try:
-            # closing the event generator early releases the connection
-            async with contextlib.aclosing(events):
-                async for sse in events:
-                    for event in assembler.feed(sse):
-                        yield event
-                    if assembler.finished:
-                        break
-            response = assembler.response()
+            for _ in range(PAUSE_TURN_LIMIT + 1):
+                sent = request if turn is None else _continued(request, turn, container)
+                calls = 0 if turn is None else len(turn.tool_calls)
+                reply: ChatResponse | None = None
+                events = retry_stream(
+                    functools.partial(self._stream_once, sent, calls),
+                    self._http.retry,
+                    deadline=request.deadline,
+                    on_retry=request.on_retry,
+                )
+                # closing the attempts early (the caller stopped) releases the connection
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        if isinstance(event, _Finished):
+                            reply, container = event.response, event.container or container
+                        else:
+                            shown = True
+                            yield event
+                assert reply is not None  # every attempt ends with _Finished or raises
+                turn = reply if turn is None else _joined(turn, reply)
+                if reply.raw_stop_reason != PAUSE_TURN:
+                    break
         except AgentError as error:
-            raise self._http.scrub_error(error) from None
-        yield StreamDone(response)
+            raise self._http.scrub_error(interrupted(error) if shown else error) from None
+        assert turn is not None
+        yield StreamDone(turn)
+
+    async def _stream_once(
+        self, request: ChatRequest, first_tool_call: int
+    ) -> AsyncIterator[StreamEvent | _Finished]:
+        """One streamed request: its deltas, then the reply it adds up to."""
+        assembler = StreamAssembler(first_tool_call=first_tool_call)
+        events = self._http.post_sse(MESSAGES_PATH, self.encode_body(request, stream=True))
+        # closing the event generator early releases the connection
+        async with contextlib.aclosing(events):
+            async for sse in events:
+                for event in assembler.feed(sse):
+                    yield event
+                if assembler.finished:
+                    break
+        yield _Finished(assembler.response(), assembler.container)
 
     async def list_models(self) -> list[str]:
         """Ids from ``GET /v1/models``."""
-        return _model_ids(await self._http.get_json(MODELS_PATH), PROVIDER)
+        return model_ids(await self._http.get_json(MODELS_PATH), PROVIDER)
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
         """The JSON body for ``request`` (reference §1.4).
@@ -230,6 +320,7 @@ class AnthropicClient:
             if message.role is not Role.SYSTEM and (blocks := _blocks(message))
         ]
         tools: list[dict[str, Any]] = [_tool(tool) for tool in request.tools]
+        tools += [dict(tool) for tool in self._server_tools]
         if caching:
             if tools:
                 tools[-1]["cache_control"] = dict(_EPHEMERAL)
@@ -294,11 +385,15 @@ class AnthropicClient:
             body["temperature"] = request.temperature
         if request.stop:
             body["stop_sequences"] = list(request.stop)
-        if request.tools and request.tool_choice is not None:
-            body["tool_choice"] = dict(
-                _TOOL_CHOICE.get(request.tool_choice)
-                or {"type": "tool", "name": request.tool_choice}
+        choice, sequential = request.tool_choice, request.parallel_tool_calls is False
+        if (request.tools or self._server_tools) and (choice is not None or sequential):
+            known = _TOOL_CHOICE.get(choice or "auto")
+            wire: dict[str, Any] = (
+                {"type": "tool", "name": choice} if known is None else dict(known)
             )
+            if sequential and wire["type"] != "none":
+                wire["disable_parallel_tool_use"] = True
+            body["tool_choice"] = wire
         if stream:
             body["stream"] = True
         merge_extra_body(body, request.extra_body)
@@ -310,7 +405,7 @@ class AnthropicClient:
         cacheable = isinstance(tools, tuple)
         data = cache.get(tools) if cacheable else None
         if data is None:
-            wire = [_tool(tool) for tool in tools]
+            wire = [_tool(tool) for tool in tools] + [dict(tool) for tool in self._server_tools]
             if caching and wire:
                 wire[-1]["cache_control"] = dict(_EPHEMERAL)
             data = dumps(wire)
@@ -397,7 +492,26 @@ def _block(part: ContentPart) -> dict[str, Any] | None:
         if thinking.signature is None:
             return None
         return {"type": "thinking", "thinking": thinking.text, "signature": thinking.signature}
-    return {"type": "redacted_thinking", "data": part.redacted_thinking.data}
+    if isinstance(part, RedactedThinkingPart):
+        return {"type": "redacted_thinking", "data": part.redacted_thinking.data}
+    if isinstance(part, ServerToolCallPart):
+        server_call = part.server_tool_call
+        return {
+            "type": "server_tool_use",
+            "id": server_call.id,
+            "name": server_call.name,
+            "input": server_call.arguments,
+        }
+    if isinstance(part, ServerToolResultPart):
+        server_result = part.server_tool_result
+        return {
+            "type": server_result.type,
+            "tool_use_id": server_result.tool_call_id,
+            "content": server_result.content,
+        }
+    if isinstance(part, ProviderBlockPart) and part.provider_block.provider == PROVIDER:
+        return dict(part.provider_block.data)  # a copy of the block, as the provider sent it
+    return None  # a block of another provider means nothing here
 
 
 def _image_source(image: Image) -> dict[str, str]:
@@ -414,323 +528,35 @@ def _mark_last_block(blocks: list[dict[str, Any]]) -> None:
     The blocks are the ones :func:`_block` just built, never the caller's objects.
     """
     for block in reversed(blocks):
-        if block["type"] not in _UNCACHEABLE:
+        if block["type"] in _CACHEABLE:
             block["cache_control"] = dict(_EPHEMERAL)
             return
 
 
-# --- response ------------------------------------------------------------------------------
+# --- a paused turn ---------------------------------------------------------------------------
 
 
-def parse_response(data: object) -> ChatResponse:
-    """The reply in a ``/v1/messages`` response body.
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    """The end of one streamed request: the reply and the container it ran in."""
 
-    Raises only :class:`AgentError`: Decode for a body of the wrong shape, or the classified
-    error when the body is Anthropic's ``{"type": "error", ...}`` envelope.
-    """
-    if not isinstance(data, dict):
-        raise _decode("anthropic response is not a JSON object")
-    if data.get("type") == "error":
-        raise _error_from_payload(data)
-    content = data.get("content")
-    if not isinstance(content, list):
-        raise _decode("anthropic response has no content blocks")
-    parts = [part for block in content if (part := _part(block)) is not None]
-    return _response(data, parts)
+    response: ChatResponse
+    container: str | None
 
 
-def _part(block: object) -> ContentPart | None:
-    if not isinstance(block, dict):
-        raise _decode("anthropic content block is not an object")
-    kind = block.get("type")
-    if kind == "text":
-        return TextPart(text=_str(block, "text", ""))
-    if kind == "tool_use":
-        arguments = block.get("input")
-        return _tool_call_part(
-            _str(block, "id", ""), _str(block, "name", ""), {} if arguments is None else arguments
-        )
-    if kind == "thinking":
-        return ThinkingPart(
-            thinking=Thinking(
-                text=_str(block, "thinking", ""), signature=_opt_str(block, "signature")
-            )
-        )
-    if kind == "redacted_thinking":
-        return RedactedThinkingPart(
-            redacted_thinking=RedactedThinking(data=_str(block, "data", ""))
-        )
-    return None
+def _continued(request: ChatRequest, turn: ChatResponse, container: str | None) -> ChatRequest:
+    """The request that continues a paused ``turn``: the reply so far sent back as it is, as
+    Anthropic documents, in the code-execution container it ran in (unless the request names
+    one)."""
+    extra = request.extra_body
+    if container is not None and "container" not in extra:
+        extra = {**extra, "container": container}
+    paused = ChatMessage(role=Role.ASSISTANT, content=list(turn.content))
+    return dataclasses.replace(request, messages=[*request.messages, paused], extra_body=extra)
 
 
-def _response(message: Mapping[str, Any], parts: list[ContentPart]) -> ChatResponse:
-    raw_stop = _opt_str(message, "stop_reason")
-    stop = StopReason.UNKNOWN if raw_stop is None else _STOP_REASONS.get(raw_stop)
-    try:
-        return ChatResponse(
-            content=parts,
-            stop_reason=stop or StopReason.UNKNOWN,
-            usage=_usage(message.get("usage")),
-            model=_opt_str(message, "model"),
-            id=_opt_str(message, "id"),
-            raw_stop_reason=raw_stop,
-        )
-    except ValidationError as exc:
-        raise _decode(f"anthropic response does not fit the message model: {exc}") from None
-
-
-def _usage(raw: object) -> TokenUsage:
-    """Anthropic's ``input_tokens`` excludes cached tokens; ours is the whole prompt [AP-14]."""
-    if raw is None:
-        return TokenUsage()
-    if not isinstance(raw, dict):
-        raise _decode("anthropic usage is not an object")
-    fresh = _count(raw, "input_tokens")
-    read = _count(raw, "cache_read_input_tokens")
-    write = _count(raw, "cache_creation_input_tokens")
-    return TokenUsage(
-        input_tokens=fresh + read + write,
-        output_tokens=_count(raw, "output_tokens"),
-        cache_read_tokens=read,
-        cache_write_tokens=write,
+def _joined(turn: ChatResponse, more: ChatResponse) -> ChatResponse:
+    """A paused ``turn`` and its continuation as one reply (the usage of every request)."""
+    return more.model_copy(
+        update={"content": [*turn.content, *more.content], "usage": turn.usage + more.usage}
     )
-
-
-def _count(raw: Mapping[str, Any], key: str) -> int:
-    value = raw.get(key)
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _decode(f"anthropic usage.{key} is not a token count")
-    return value
-
-
-def _error_from_payload(payload: Mapping[str, Any]) -> AgentError:
-    """The error for an ``{"type": "error", "error": {"type", "message"}}`` envelope.
-
-    The client scrubs its key from the error (``HttpTransport.scrub_error``) before raising it.
-    """
-    error = payload.get("error")
-    error_type = error.get("type") if isinstance(error, dict) else None
-    detail = error.get("message") if isinstance(error, dict) else None
-    status = _ERROR_STATUS.get(error_type) if isinstance(error_type, str) else None
-    kind = ErrorKind.PROVIDER if status is None else ErrorKind.from_http_status(status)
-    message = f"anthropic reported {error_type if isinstance(error_type, str) else 'an error'}"
-    if isinstance(detail, str) and detail:
-        message += f": {detail[:BODY_LIMIT]}"
-    return AgentError(kind, message, provider=PROVIDER, status=status, body=json_text(payload))
-
-
-# --- streaming -----------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Block:
-    """One content block as it streams in: its start object plus the deltas so far.
-
-    ``position`` is a tool_use block's place among the reply's tool calls (the ``index`` of its
-    stream events), which is not its content-block index.
-    """
-
-    start: dict[str, Any]
-    position: int = -1
-    chunks: list[str] = field(default_factory=list)
-    signature: list[str] = field(default_factory=list)
-
-    @property
-    def kind(self) -> object:
-        return self.start.get("type")
-
-    def to_part(self) -> ContentPart | None:
-        if self.kind == "text":
-            return TextPart(text=_str(self.start, "text", "") + "".join(self.chunks))
-        if self.kind == "thinking":
-            signature = _opt_str(self.start, "signature")
-            if self.signature:
-                signature = (signature or "") + "".join(self.signature)
-            thinking = _str(self.start, "thinking", "") + "".join(self.chunks)
-            return ThinkingPart(thinking=Thinking(text=thinking, signature=signature))
-        if self.kind == "tool_use":
-            return self._tool_call_part()
-        return _part(self.start)
-
-    def _tool_call_part(self) -> ToolCallPart:
-        call_id, name = _str(self.start, "id", ""), _str(self.start, "name", "")
-        text = "".join(self.chunks)
-        if not text.strip():
-            initial = self.start.get("input")
-            return _tool_call_part(call_id, name, initial if isinstance(initial, dict) else {})
-        try:
-            arguments = loads(text, provider=PROVIDER, what="tool_use input")
-        except AgentError:  # kept as the model wrote it; the tool round reports it
-            return _tool_call_part(call_id, name, {}, raw_arguments=text)
-        return _tool_call_part(call_id, name, arguments)
-
-
-class _StreamAssembler:
-    """Folds Anthropic's stream events into deltas for the caller and the final reply."""
-
-    def __init__(self) -> None:
-        self._message: dict[str, Any] = {}
-        self._usage: dict[str, Any] = {}
-        self._blocks: dict[int, _Block] = {}  # by content-block index, in increasing order
-        self._tool_calls = 0
-        self.finished = False
-
-    def feed(self, sse: SseEvent) -> list[StreamEvent]:
-        payload = loads(sse.data, provider=PROVIDER, what="stream event")
-        if not isinstance(payload, dict):
-            raise _decode("anthropic sent a stream event that is not a JSON object")
-        kind = payload.get("type")
-        if not isinstance(kind, str):
-            kind = sse.event
-        if kind == "message_start":
-            self._start_message(payload)
-        elif kind == "content_block_start":
-            return self._start_block(payload)
-        elif kind == "content_block_delta":
-            return self._delta(payload)
-        elif kind == "message_delta":
-            self._message_delta(payload)
-        elif kind == "message_stop":
-            self.finished = True
-        elif kind == "error":
-            raise _error_from_payload(payload)
-        # ping, content_block_stop and event types added later carry nothing we need
-        return []
-
-    def response(self) -> ChatResponse:
-        if not self.finished:
-            raise AgentError(
-                ErrorKind.TRANSPORT,
-                "anthropic stream ended early (no message_stop)",
-                provider=PROVIDER,
-            )
-        parts = [part for block in self._blocks.values() if (part := block.to_part()) is not None]
-        return _response({**self._message, "usage": self._usage}, parts)
-
-    def _start_message(self, payload: Mapping[str, Any]) -> None:
-        message = payload.get("message")
-        if not isinstance(message, dict):
-            raise _decode("anthropic message_start has no message")
-        usage = message.get("usage")
-        if usage is not None and not isinstance(usage, dict):
-            raise _decode("anthropic usage is not an object")
-        self._message = message
-        self._usage = dict(usage or {})
-        _usage(self._usage)  # fail at the event that is wrong, not at the end
-
-    def _start_block(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
-        index = _index(payload)
-        start = payload.get("content_block")
-        if not isinstance(start, dict):
-            raise _decode("anthropic content_block_start has no content_block")
-        if self._blocks and index <= next(reversed(self._blocks)):
-            # blocks start in index order, each once; anything else would scramble the reply
-            raise _decode(f"anthropic started block {index} after a block at or above it")
-        block = _Block(start)
-        self._blocks[index] = block
-        if block.kind == "text" and (text := _str(start, "text", "")):
-            return [TextDelta(text)]
-        if block.kind == "thinking" and (thinking := _str(start, "thinking", "")):
-            return [ThinkingDelta(thinking)]
-        if block.kind == "tool_use":
-            block.position = self._tool_calls
-            self._tool_calls += 1
-            return [ToolCallStarted(block.position, _str(start, "id", ""), _str(start, "name", ""))]
-        return []
-
-    def _delta(self, payload: Mapping[str, Any]) -> list[StreamEvent]:
-        index = _index(payload)
-        block = self._blocks.get(index)
-        if block is None:
-            raise _decode(f"anthropic sent a delta for block {index} before its start")
-        delta = payload.get("delta")
-        if not isinstance(delta, dict):
-            raise _decode("anthropic content_block_delta has no delta")
-        kind = delta.get("type")
-        if kind == "text_delta":
-            text = _delta_text(block, delta, "text", "text")
-            return [TextDelta(text)] if text else []
-        if kind == "thinking_delta":
-            text = _delta_text(block, delta, "thinking", "thinking")
-            return [ThinkingDelta(text)] if text else []
-        if kind == "input_json_delta":
-            text = _delta_text(block, delta, "tool_use", "partial_json")
-            return [ToolCallArgumentsDelta(block.position, text)] if text else []
-        if kind == "signature_delta":
-            if block.kind != "thinking":
-                raise _decode("anthropic sent a signature_delta outside a thinking block")
-            block.signature.append(_str(delta, "signature", ""))
-        # citations_delta and delta types added later do not change the reply we keep
-        return []
-
-    def _message_delta(self, payload: Mapping[str, Any]) -> None:
-        delta = payload.get("delta")
-        if delta is not None and not isinstance(delta, dict):
-            raise _decode("anthropic message_delta has a delta that is not an object")
-        if delta:
-            for key in ("stop_reason", "stop_sequence"):
-                if key in delta:
-                    self._message[key] = delta[key]
-        usage = payload.get("usage")
-        if usage is None:
-            return
-        if not isinstance(usage, dict):
-            raise _decode("anthropic usage is not an object")
-        # Newer servers repeat the input and cache counts here; older ones send only output.
-        self._usage.update({key: value for key, value in usage.items() if value is not None})
-        _usage(self._usage)
-
-
-def _delta_text(block: _Block, delta: Mapping[str, Any], block_kind: str, key: str) -> str:
-    if block.kind != block_kind:
-        raise _decode(f"anthropic sent a {delta.get('type')} inside a {block.kind} block")
-    text = delta.get(key)
-    if not isinstance(text, str):
-        raise _decode(f"anthropic {delta.get('type')} has no {key} text")
-    block.chunks.append(text)
-    return text
-
-
-# --- small readers -------------------------------------------------------------------------
-
-
-def _decode(message: str) -> AgentError:
-    return AgentError.decode(message, provider=PROVIDER)
-
-
-def _tool_call_part(
-    call_id: str, name: str, arguments: object, *, raw_arguments: str | None = None
-) -> ToolCallPart:
-    """A tool-call part; arguments the message model refuses (say, nested too deep) are Decode."""
-    try:
-        call = ToolCall(id=call_id, name=name, arguments=arguments, raw_arguments=raw_arguments)
-    except ValidationError as exc:
-        raise _decode(
-            f"anthropic tool_use input is not a JSON value: {exc}"[: BODY_LIMIT * 2]
-        ) from None
-    return ToolCallPart(tool_call=call)
-
-
-def _index(payload: Mapping[str, Any]) -> int:
-    index = payload.get("index")
-    if isinstance(index, bool) or not isinstance(index, int):
-        raise _decode(f"anthropic {payload.get('type')} has no block index")
-    return index
-
-
-def _str(obj: Mapping[str, Any], key: str, default: str) -> str:
-    value = obj.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise _decode(f"anthropic field {key!r} is not a string")
-    return value
-
-
-def _opt_str(obj: Mapping[str, Any], key: str) -> str | None:
-    value = obj.get(key)
-    if value is not None and not isinstance(value, str):
-        raise _decode(f"anthropic field {key!r} is not a string")
-    return value

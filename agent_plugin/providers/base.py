@@ -40,7 +40,9 @@ class ChatRequest:
 
     Everything the loop controls lives here, so it never touches wire code: the per-call output
     cap, temperature, tool choice (``"auto"``, ``"none"``, ``"required"`` or a tool's name),
-    stop sequences, the model, prompt caching, and provider-specific body fields.
+    whether tool calls may come several at once (``parallel_tool_calls``, None: the server's
+    default) and whether tool schemas are to be enforced by the server (``strict_tools``, where
+    it can), stop sequences, the model, prompt caching, and provider-specific body fields.
     ``extra_body`` is merged into the wire body last (see :func:`merge_extra_body`): its values
     win, and a ``None`` value removes the key. ``deadline`` (event-loop time) and ``on_retry``
     bound and report the client's retries.
@@ -51,6 +53,8 @@ class ChatRequest:
     max_tokens: int | None = None
     temperature: float | None = None
     tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+    strict_tools: bool = False
     stop: list[str] = field(default_factory=list)
     model: str | None = None
     prompt_caching: bool | None = None

@@ -2,8 +2,9 @@
 
 Also the small pieces both wire clients need in the same form: :func:`loads` (JSON text to a
 value, or a Decode error), :func:`json_text`, :func:`needs_api_key` / :func:`require_key`,
-:func:`_model_ids`, and the request encoding: :func:`encode_json` with :class:`RawJson` splices
-JSON encoded earlier into a body, and :class:`EncodedCache` keeps such encodings per object.
+:func:`model_ids`, :func:`sse_lines`, and the request encoding: :func:`encode_json` with
+:class:`RawJson` splices JSON encoded earlier into a body, and :class:`EncodedCache` keeps such
+encodings per object.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Final, TypeVar
 import httpx
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
+from agent_plugin.providers.failures import failure_kind, failure_note
 from agent_plugin.providers.proxies import environment_proxy
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_after, retry_call
 from agent_plugin.redaction import REDACTED, scrub
@@ -37,8 +39,10 @@ __all__ = [
     "iter_sse",
     "json_text",
     "loads",
+    "model_ids",
     "needs_api_key",
     "require_key",
+    "sse_lines",
 ]
 
 _K = TypeVar("_K")
@@ -216,7 +220,7 @@ def _host(base_url: str) -> str:
         return ""  # not judged here; HttpTransport refuses it with a Config error
 
 
-def _model_ids(data: object, provider: str) -> list[str]:
+def model_ids(data: object, provider: str) -> list[str]:
     """The ids in a model list ``{"data": [{"id": ...}, ...]}`` (OpenAI's and Anthropic's shape)."""
     items = data.get("data") if isinstance(data, dict) else None
     if not isinstance(items, list):
@@ -310,7 +314,7 @@ class _LineSplitter:
         return [rest] if rest else []
 
 
-async def _sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
     """The lines of an event stream: UTF-8, split at CRLF, LF or CR only, one leading BOM dropped.
 
     (``httpx``'s own line splitting also breaks at U+2028, form feeds and the like, which may
@@ -430,33 +434,30 @@ class HttpTransport:
         )
 
     async def post_sse(
-        self,
-        path: str,
-        body: Mapping[str, Any] | bytes,
-        *,
-        deadline: float | None = None,
-        on_retry: Callable[[RetryNotice], None] | None = None,
+        self, path: str, body: Mapping[str, Any] | bytes
     ) -> AsyncGenerator[SseEvent, None]:
-        """Server-sent events of a streaming POST of ``body`` (a mapping, or encoded JSON).
+        """Server-sent events of one streaming POST of ``body`` (a mapping, or encoded JSON).
 
-        Opening the stream and reading its first event are retried like any call (a stream
-        that fails before producing anything has shown the caller nothing); once the first
-        event has been yielded nothing is retried, so a caller never sees content twice, and a
-        failure surfaces as a Transport error. This is an async generator: a caller that stops
-        early should ``aclose()`` it (or use :func:`contextlib.aclosing`) to free the connection
-        at once.
+        Not retried here: what counts is whether the *caller* has shown anything yet, so the
+        wire clients retry whole attempts with :func:`~agent_plugin.providers.retry.retry_stream`.
+        A non-2xx answer raises its classified error before any event; a failure while reading
+        is a Transport error. The request is sent on the first ``anext``. This is an async
+        generator: a caller that stops early should ``aclose()`` it (or use
+        :func:`contextlib.aclosing`) to free the connection at once.
         """
         content = _encode(body)
-        response, lines, events, first = await retry_call(
-            lambda: self._open_stream(path, content),
-            self.retry,
-            deadline=deadline,
-            on_retry=on_retry,
-        )
+        response = await self._send(self._request("POST", path, content, "SSE"))
+        if not response.is_success:
+            try:
+                text = (await response.aread()).decode("utf-8", "replace")
+            except httpx.HTTPError as exc:
+                raise self._transport_error(exc) from None
+            finally:
+                await response.aclose()
+            raise self._status_error(response.status_code, text, response.headers)
+        lines = sse_lines(response.aiter_bytes())
+        events = iter_sse(lines)
         try:
-            if first is None:
-                return
-            yield first
             while True:
                 try:
                     event = await anext(events)
@@ -522,29 +523,6 @@ class HttpTransport:
                 body=text,
             ) from None
 
-    async def _open_stream(self, path: str, content: bytes) -> _OpenStream:
-        """Send the request and read the first event (None when the stream has none)."""
-        response = await self._send(self._request("POST", path, content, "SSE"))
-        if not response.is_success:
-            try:
-                text = (await response.aread()).decode("utf-8", "replace")
-            except httpx.HTTPError as exc:
-                raise self._transport_error(exc) from None
-            finally:
-                await response.aclose()
-            raise self._status_error(response.status_code, text, response.headers)
-        lines = _sse_lines(response.aiter_bytes())
-        events = iter_sse(lines)
-        try:
-            first = await anext(events, None)
-        except httpx.HTTPError as exc:
-            await _close_stream(response, lines, events)
-            raise self._transport_error(exc) from None
-        except BaseException:
-            await _close_stream(response, lines, events)
-            raise
-        return response, lines, events, first
-
     def scrub_error(self, error: AgentError) -> AgentError:
         """``error`` without the secret in its message or body (servers echo keys back).
 
@@ -569,11 +547,16 @@ class HttpTransport:
         )
 
     def _status_error(self, status: int, body: str, headers: Mapping[str, str]) -> AgentError:
-        """The error for a non-2xx answer: "<provider> answered <status>: <≤500 chars of body>"."""
+        """The error for a non-2xx answer: "<provider> answered <status>: <≤500 chars of body>",
+        of the kind the status and the body say together (:func:`failure_kind`), with a note
+        on what that kind means when it has one."""
         text = scrub(body.strip(), self._secret)
-        message = f"{self.provider} answered {status}" + (f": {text[:BODY_LIMIT]}" if text else "")
+        kind = failure_kind(status, text)
+        note = failure_note(kind)
+        message = f"{self.provider} answered {status}" + (f" ({note})" if note else "")
+        message += f": {text[:BODY_LIMIT]}" if text else ""
         return AgentError(
-            ErrorKind.from_http_status(status),
+            kind,
             message,
             provider=self.provider,
             status=status,
@@ -594,11 +577,6 @@ _DEFAULT_HEADERS: Mapping[str, str] = {
     "accept-encoding": "gzip, deflate",
     "user-agent": "fastapi-agent-plugin",
 }
-
-
-_OpenStream = tuple[
-    httpx.Response, AsyncGenerator[str, None], AsyncGenerator[SseEvent, None], SseEvent | None
-]
 
 
 _DRAIN_SECONDS: Final = 0.5

@@ -13,15 +13,18 @@ message (and the tool list) is encoded once per client and reused by every later
 Quirks of real servers that are accepted: ``content`` null or ``""`` next to tool calls,
 tool-call ids that are ``""`` or integers, ``arguments`` given as an object (or TGI's
 ``parameters``), arguments that are not valid JSON (kept in ``raw_arguments``), the legacy
-``function_call``, ``refusal``, reasoning as ``reasoning_content`` (DeepSeek) or ``reasoning``
-(Ollama, Groq, OpenRouter), non-standard finish reasons, several choices, whitespace before the
-JSON, ``: comment`` lines, ``usage: null`` chunks, and errors reported inside a 200 answer.
+``function_call``, ``refusal``, reasoning as ``reasoning_content`` (DeepSeek), ``reasoning``
+(Ollama, Groq, Cerebras, OpenRouter) or ``thinking`` content parts (Mistral), non-standard
+finish reasons, several choices, whitespace before the JSON, ``: comment`` lines,
+``usage: null`` chunks, and errors reported inside a 200 answer. What a request may carry for
+a given server is its :class:`~agent_plugin.providers.profiles.EndpointProfile`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+import functools
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -58,20 +61,22 @@ from agent_plugin.providers.base import (
     ToolCallStarted,
     merge_extra_body,
 )
+from agent_plugin.providers.failures import failure_kind, failure_note
 from agent_plugin.providers.http import (
     EncodedCache,
     HttpTransport,
     RawJson,
     SseEvent,
-    _model_ids,
     compact_json,
     dumps,
     encode_json,
     json_text,
     loads,
+    model_ids,
     require_key,
 )
-from agent_plugin.providers.retry import RetryPolicy
+from agent_plugin.providers.profiles import EndpointProfile, profile_for
+from agent_plugin.providers.retry import RetryPolicy, interrupted, retry_stream
 from agent_plugin.redaction import REDACTED
 
 __all__ = ["PROVIDER", "OpenAICompatibleClient", "parse_response"]
@@ -89,7 +94,9 @@ class OpenAICompatibleClient:
 
     ``api_key`` is sent as ``Authorization: Bearer <key>`` when given; it never appears in
     ``repr``, errors or logs. It is required for ``api.openai.com`` (a Config error otherwise);
-    local servers (Ollama, vLLM, llama.cpp) usually need none. ``transport`` replaces httpx's
+    local servers (Ollama, vLLM, llama.cpp) usually need none. ``profile`` says what the
+    endpoint accepts (default: the known profile of ``base_url``'s host, see
+    :func:`~agent_plugin.providers.profiles.profile_for`). ``transport`` replaces httpx's
     network transport (tests, proxies).
     """
 
@@ -100,11 +107,13 @@ class OpenAICompatibleClient:
         base_url: str = "https://api.openai.com/v1",
         api_key: str | None = None,
         timeout: float = 60.0,
+        profile: EndpointProfile | None = None,
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen, so sharing is safe
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         require_key(PROVIDER, base_url, api_key)
         self.model = model
+        self.profile = profile_for(base_url) if profile is None else profile
         self._api_key = api_key or None
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = HttpTransport(
@@ -116,9 +125,12 @@ class OpenAICompatibleClient:
             secret=self._api_key,
             transport=transport,
         )
-        # encodings of the frozen messages and tool tuples this client has sent
+        # encodings of the frozen messages and tool tuples this client has sent (with and
+        # without strict schemas)
         self._messages = EncodedCache()
         self._tools = EncodedCache(max_entries=16)
+        self._strict_tools = EncodedCache(max_entries=16)
+        self._encode_message = functools.partial(_encoded_message, profile=self.profile)
 
     @property
     def provider_name(self) -> str:
@@ -133,26 +145,29 @@ class OpenAICompatibleClient:
         key = repr(REDACTED) if self._api_key else "None"
         return (
             f"OpenAICompatibleClient(model={self.model!r}, base_url={self.base_url!r}, "
-            f"api_key={key})"
+            f"api_key={key}, profile={self.profile.name!r})"
         )
 
     async def aclose(self) -> None:
         """Release the connection pool (and the encodings kept for later requests)."""
-        self._messages.clear()
-        self._tools.clear()
+        for cache in (self._messages, self._tools, self._strict_tools):
+            cache.clear()
         await self._http.aclose()
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-        """The JSON body for ``request`` (reference §1.4).
+        """The JSON body for ``request`` (reference §1.4), as the client's profile allows.
 
-        ``tools`` and ``tool_choice`` are sent only when there are tools; ``max_tokens``,
-        ``temperature`` and ``stop`` only when set; a stream asks for the usage chunk.
-        ``request.extra_body`` is merged last by :func:`merge_extra_body` (a ``None`` value
-        removes the key). Never mutates ``request``; tool schemas and extra values are shared
-        with it, not copied.
+        ``tools`` and ``tool_choice`` are sent only when there are tools; the output cap (under
+        the profile's name for it), ``temperature`` and ``stop`` only when set; a stream asks
+        for the usage chunk where the profile says so. A request the endpoint cannot express
+        is a Config error (see :class:`EndpointProfile`). ``request.extra_body`` is merged last
+        by :func:`merge_extra_body` (a ``None`` value removes the key). Never mutates
+        ``request``; tool schemas and extra values are shared with it, not copied.
         """
-        tools = [_tool_definition(tool) for tool in request.tools]
-        return self._body(request, _messages(request.messages), tools, stream=stream)
+        strict = self._strict(request)
+        tools = [_tool_definition(tool, strict=strict) for tool in request.tools]
+        messages = [w for m in request.messages for w in _wire_messages(m, self.profile)]
+        return self._body(request, messages, tools, stream=stream)
 
     def encode_body(self, request: ChatRequest, *, stream: bool) -> bytes:
         """:meth:`build_body`'s body as the JSON bytes that are sent (the same bytes
@@ -165,42 +180,58 @@ class OpenAICompatibleClient:
         put a new message in its slot instead.
         """
         messages = RawJson(self._encoded_messages(request.messages))
-        tools = RawJson(self._encoded_tools(request.tools)) if request.tools else None
+        tools = RawJson(self._encoded_tools(request)) if request.tools else None
         return encode_json(self._body(request, messages, tools, stream=stream))
+
+    def _strict(self, request: ChatRequest) -> bool:
+        return request.strict_tools and self.profile.strict_tools
 
     def _body(
         self, request: ChatRequest, messages: object, tools: object, *, stream: bool
     ) -> dict[str, Any]:
+        profile = self.profile
         body: dict[str, Any] = {"model": request.model or self.model, "messages": messages}
         if request.tools:
             body["tools"] = tools
-            body["tool_choice"] = _tool_choice(request.tool_choice)
+            choice = request.tool_choice
+            if profile.tool_choice:
+                body["tool_choice"] = _tool_choice(choice)
+            elif choice not in (None, "auto"):
+                raise _unexpressible(profile, f"tool_choice {choice!r}")
+            parallel = request.parallel_tool_calls
+            if parallel is not None and profile.parallel_tool_calls:
+                body["parallel_tool_calls"] = parallel
+            elif parallel is False:
+                raise _unexpressible(profile, "parallel_tool_calls: false")
         if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
+            body[profile.max_tokens_field] = request.max_tokens
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.stop:
             body["stop"] = list(request.stop)
         if stream:
             body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
+            if profile.stream_usage:
+                body["stream_options"] = {"include_usage": True}
         merge_extra_body(body, request.extra_body)
         return body
 
     def _encoded_messages(self, messages: list[ChatMessage]) -> bytes:
         """The ``messages`` array; each message's bytes come from the cache when they can."""
-        chunks = self._messages.encodings(messages, _encoded_message)
+        chunks = self._messages.encodings(messages, self._encode_message)
         # a tool message without results sends nothing (its encoding is empty)
         return b"[" + b",".join(filter(None, chunks)) + b"]"
 
-    def _encoded_tools(self, tools: Sequence[ToolDefinition]) -> bytes:
+    def _encoded_tools(self, request: ChatRequest) -> bytes:
         """The ``tools`` array; kept per tuple (a list may change, so it is encoded each time)."""
+        tools, strict = request.tools, self._strict(request)
+        cache = self._strict_tools if strict else self._tools
         cacheable = isinstance(tools, tuple)
-        data = self._tools.get(tools) if cacheable else None
+        data = cache.get(tools) if cacheable else None
         if data is None:
-            data = dumps([_tool_definition(tool) for tool in tools])
+            data = dumps([_tool_definition(tool, strict=strict) for tool in tools])
             if cacheable:
-                self._tools.put(tools, data)
+                cache.put(tools, data)
         return data
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
@@ -219,56 +250,61 @@ class OpenAICompatibleClient:
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         """Send the request and yield deltas as they arrive, then one :class:`StreamDone`.
 
-        An error the server reports inside the stream (HTTP 200) raises :class:`AgentError`
-        after the deltas before it; a stream that stops without a finish reason and without
-        ``[DONE]`` raises a Transport error ("stream ended early").
+        A request that fails before any delta was yielded is retried like :meth:`chat` (a
+        stream that stops without a finish reason and without ``[DONE]``, a failed open);
+        once deltas were yielded, a failure worth retrying ends the stream with a
+        StreamInterrupted error (:func:`~agent_plugin.providers.retry.interrupted`) and no
+        :class:`StreamDone`, so the partial reply reaches no transcript. An error the server
+        reports inside the stream is raised as it is, after the deltas before it.
         """
-        assembler = _StreamAssembler(PROVIDER)
-        sse = self._http.post_sse(
-            CHAT_PATH,
-            self.encode_body(request, stream=True),
-            deadline=request.deadline,
-            on_retry=request.on_retry,
+        attempt = functools.partial(self._stream_once, self.encode_body(request, stream=True))
+        shown = False
+        events = retry_stream(
+            attempt, self._http.retry, deadline=request.deadline, on_retry=request.on_retry
         )
         try:
-            # closing the event generator early releases the connection
-            async with contextlib.aclosing(sse) as events:
+            # closing the attempts early (the caller stopped) releases the connection at once
+            async with contextlib.aclosing(events):
                 async for event in events:
-                    for delta in assembler.feed(event):
-                        yield delta
-                    if assembler.done:
-                        break
-            if not assembler.done and not assembler.finished:
-                raise AgentError(
-                    ErrorKind.TRANSPORT,
-                    f"{PROVIDER} stream ended early (no finish reason and no [DONE])",
-                    provider=PROVIDER,
-                )
-            for delta in assembler.flush():
-                yield delta
-            response = assembler.response()
+                    shown = shown or not isinstance(event, StreamDone)
+                    yield event
         except AgentError as error:
-            raise self._http.scrub_error(error) from None
-        yield StreamDone(response)
+            raise self._http.scrub_error(interrupted(error) if shown else error) from None
+
+    async def _stream_once(self, body: bytes) -> AsyncIterator[StreamEvent]:
+        """One streamed request: its deltas, then its :class:`StreamDone`."""
+        assembler = _StreamAssembler(PROVIDER)
+        # closing the event generator early releases the connection
+        async with contextlib.aclosing(self._http.post_sse(CHAT_PATH, body)) as events:
+            async for event in events:
+                for delta in assembler.feed(event):
+                    yield delta
+                if assembler.done:
+                    break
+        if not assembler.done and not assembler.finished:
+            raise AgentError(
+                ErrorKind.TRANSPORT,
+                f"{PROVIDER} stream ended early (no finish reason and no [DONE])",
+                provider=PROVIDER,
+            )
+        for delta in assembler.flush():
+            yield delta
+        yield StreamDone(assembler.response())
 
     async def list_models(self) -> list[str]:
         """Model ids from ``GET {base}/models`` (``{"data": [{"id": ...}]}``)."""
-        return _model_ids(await self._http.get_json(MODELS_PATH), PROVIDER)
+        return model_ids(await self._http.get_json(MODELS_PATH), PROVIDER)
 
 
 # --- request -------------------------------------------------------------------------------
 
 
-def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    return [wire for message in messages for wire in _wire_messages(message)]
-
-
-def _encoded_message(message: ChatMessage) -> bytes:
+def _encoded_message(message: ChatMessage, *, profile: EndpointProfile) -> bytes:
     """The wire messages for one message as JSON, joined with commas (empty for none)."""
-    return b",".join(dumps(wire) for wire in _wire_messages(message))
+    return b",".join(dumps(wire) for wire in _wire_messages(message, profile))
 
 
-def _wire_messages(message: ChatMessage) -> list[dict[str, Any]]:
+def _wire_messages(message: ChatMessage, profile: EndpointProfile) -> list[dict[str, Any]]:
     """The wire messages for one message: one, or one per result for a tool message."""
     if message.role is Role.TOOL:
         return [
@@ -281,29 +317,40 @@ def _wire_messages(message: ChatMessage) -> list[dict[str, Any]]:
             if isinstance(part, ToolResultPart)
         ]
     if message.role is Role.ASSISTANT:
-        return [_assistant_message(message.content)]
+        return [_assistant_message(message.content, profile)]
+    if message.role is Role.SYSTEM:
+        return [{"role": profile.system_role, "content": text_of(message.content)}]
     if message.role is Role.USER and any(isinstance(p, ImagePart) for p in message.content):
+        if not profile.images:
+            raise _unexpressible(profile, "an image")
         return [{"role": "user", "content": _content_array(message.content)}]
     return [{"role": message.role.value, "content": text_of(message.content)}]
 
 
-def _assistant_message(parts: list[ContentPart]) -> dict[str, Any]:
+def _assistant_message(parts: list[ContentPart], profile: EndpointProfile) -> dict[str, Any]:
     """Text (``""`` when there is none, ``null`` next to tool calls), tool calls, reasoning.
 
-    Unsigned thinking (DeepSeek's ``reasoning_content``, Ollama's and Groq's ``reasoning``) is
-    re-sent as ``reasoning_content``, which DeepSeek needs within a tool-calling turn; signed
-    (Anthropic) and redacted thinking mean nothing to these servers and are dropped.
+    Unsigned thinking (DeepSeek's ``reasoning_content``, the ``reasoning`` of Ollama and
+    others, Mistral's thinking parts) is re-sent where the profile says, which DeepSeek needs
+    within a tool-calling turn; signed (Anthropic) and redacted thinking, and other
+    providers' blocks, mean nothing to these servers and are dropped.
     """
     text = text_of(parts)
     calls = [_wire_tool_call(p.tool_call) for p in parts if isinstance(p, ToolCallPart)]
-    thinking = [
+    unsigned = [
         p.thinking.text
         for p in parts
         if isinstance(p, ThinkingPart) and p.thinking.signature is None
     ]
-    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
-    if thinking:
-        message["reasoning_content"] = "".join(thinking)
+    thinking = "".join(unsigned)
+    content: object = text or (None if calls else "")
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if unsigned and profile.send_reasoning:  # even empty: DeepSeek's own replies carry ""
+        if profile.reasoning_field == "thinking":  # Mistral: a thinking part before the text
+            chunk = {"type": "thinking", "thinking": [{"type": "text", "text": thinking}]}
+            message["content"] = [chunk, *([{"type": "text", "text": text}] if text else [])]
+        else:
+            message[profile.reasoning_field] = thinking
     if calls:
         message["tool_calls"] = calls
     return message
@@ -341,15 +388,22 @@ def _image_url(image: Image) -> str:
     raise AgentError.config("an image needs a url, or data together with its media_type")
 
 
-def _tool_definition(tool: ToolDefinition) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.input_schema,
-        },
+def _tool_definition(tool: ToolDefinition, *, strict: bool) -> dict[str, Any]:
+    function: dict[str, Any] = {
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": tool.input_schema,
     }
+    if strict:
+        function["strict"] = True
+    return {"type": "function", "function": function}
+
+
+def _unexpressible(profile: EndpointProfile, what: str) -> AgentError:
+    return AgentError.config(
+        f"the {profile.name} endpoint does not take {what} (its EndpointProfile says so); "
+        "leave it out of the request or pass another profile to the client"
+    )
 
 
 def _tool_choice(choice: str | None) -> str | dict[str, Any]:
@@ -383,8 +437,8 @@ def parse_response(data: object, provider: str = PROVIDER) -> ChatResponse:
     if not isinstance(message, dict):
         raise _decode(provider, "response choice has no message")
 
-    thinking = _reasoning(message)
-    text = _content_text(message.get("content"), provider)
+    text, thought = _content(message.get("content"), provider)
+    thinking = _reasoning(message) + thought
     refusal = message.get("refusal")
     refusal = refusal if isinstance(refusal, str) else ""
     calls = _tool_calls(message, provider)
@@ -424,12 +478,14 @@ def _raise_reported_error(data: Mapping[str, Any], provider: str) -> None:
     message: object = error.get("message") if isinstance(error, dict) else error
     code: object = error.get("code") if isinstance(error, dict) else None
     status = _http_status(code)
-    kind = ErrorKind.PROVIDER if status is None else ErrorKind.from_http_status(status)
+    kind = failure_kind(status, error)
+    note = failure_note(kind)
     body = json_text(error)
     detail = message if isinstance(message, str) and message else body
     raise AgentError(
         kind,
-        f"{provider} reported an error: {detail[:BODY_LIMIT]}",
+        f"{provider} reported an error" + (f" ({note})" if note else "") + f": "
+        f"{detail[:BODY_LIMIT]}",
         provider=provider,
         status=status,
         body=body,
@@ -445,7 +501,8 @@ def _http_status(code: object) -> int | None:
 
 
 def _reasoning(message: Mapping[str, Any]) -> str:
-    """DeepSeek's ``reasoning_content``, else the ``reasoning`` of Ollama, Groq, OpenRouter."""
+    """DeepSeek's ``reasoning_content``, else the ``reasoning`` of Ollama, Groq, Cerebras,
+    OpenRouter."""
     for key in _REASONING_KEYS:
         value = message.get(key)
         if isinstance(value, str) and value:
@@ -453,20 +510,41 @@ def _reasoning(message: Mapping[str, Any]) -> str:
     return ""
 
 
-def _content_text(content: object, provider: str) -> str:
+def _content(content: object, provider: str) -> tuple[str, str]:
+    """The text and the reasoning in a message's (or a delta's) ``content``: a string, or an
+    array of content parts, where Mistral puts its reasoning in ``thinking`` parts."""
     if content is None:
-        return ""
+        return "", ""
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content-part arrays (Mistral-style servers)
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict)
-            and isinstance(part.get("text"), str)
-            and part.get("type", "text") == "text"
-        )
-    raise _decode(provider, "message content is neither text nor null")
+        return content, ""
+    if not isinstance(content, list):
+        raise _decode(provider, "message content is neither text nor null")
+    text: list[str] = []
+    thinking: list[str] = []
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type", "text")
+        if kind == "text" and isinstance(part.get("text"), str):
+            text.append(part["text"])
+        elif kind == "thinking":
+            thinking.append(_thinking_text(part.get("thinking")))
+    return "".join(text), "".join(thinking)
+
+
+def _thinking_text(value: object) -> str:
+    """A Mistral thinking part's text: a list of text chunks (or, leniently, a string)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        return ""
+    return "".join(
+        chunk["text"]
+        for chunk in value
+        if isinstance(chunk, dict)
+        and isinstance(chunk.get("text"), str)
+        and chunk.get("type", "text") == "text"
+    )
 
 
 def _tool_calls(message: Mapping[str, Any], provider: str) -> list[ToolCall]:
@@ -696,7 +774,10 @@ class _StreamAssembler:
                 self._thinking.append(value)
                 out.append(ThinkingDelta(value))
                 break
-        content = _content_text(delta.get("content"), self.provider)
+        content, thought = _content(delta.get("content"), self.provider)
+        if thought:
+            self._thinking.append(thought)
+            out.append(ThinkingDelta(thought))
         if content:
             self._text.append(content)
             out.append(TextDelta(content))

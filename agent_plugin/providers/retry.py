@@ -1,19 +1,32 @@
-"""Retrying provider calls: full-jitter exponential backoff that honours ``Retry-After``."""
+"""Retrying provider calls: full-jitter exponential backoff that honours ``Retry-After``.
+
+:func:`retry_call` retries one awaitable; :func:`retry_stream` retries a stream attempt that
+failed before it produced anything, and :func:`interrupted` is the error of one that failed
+after (its output was shown, so it is not retried here).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
-from agent_plugin.errors import AgentError
+from agent_plugin.errors import AgentError, ErrorKind
 
-__all__ = ["RetryNotice", "RetryPolicy", "parse_retry_after", "retry_call"]
+__all__ = [
+    "RetryNotice",
+    "RetryPolicy",
+    "interrupted",
+    "parse_retry_after",
+    "retry_call",
+    "retry_stream",
+]
 
 T = TypeVar("T")
 
@@ -27,7 +40,7 @@ class RetryPolicy:
     ``[0, min(base_delay * 2**n, max_delay)]``. A ``Retry-After`` longer than
     ``max_retry_after`` is not retried at all: the error is raised at once, since asking again
     sooner than the server said would only be refused again. Only retryable kinds
-    (RateLimited, Unavailable, Transport) are retried, and never past the caller's deadline.
+    (:attr:`AgentError.retryable`) are retried, and never past the caller's deadline.
     """
 
     max_attempts: int = 4
@@ -92,23 +105,105 @@ async def retry_call(
     attempt would end at or after ``deadline`` (event-loop time, ``loop.time()``), the error is
     raised at once instead of sleeping. ``on_retry`` hears of each retry before its wait.
     """
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    attempt = 1
+    retries = _Retries(policy, deadline, on_retry)
     while True:
         try:
             return await op()
         except AgentError as error:
-            if not error.retryable or attempt >= policy.max_attempts:
+            await retries.wait_or_raise(error)
+
+
+async def retry_stream(
+    attempt: Callable[[], AsyncIterator[T]],
+    policy: RetryPolicy,
+    *,
+    deadline: float | None = None,
+    on_retry: Callable[[RetryNotice], None] | None = None,
+) -> AsyncGenerator[T, None]:
+    """The items of ``attempt()``, made again when it fails before its first item.
+
+    An attempt that raised before yielding anything has shown nothing, so it is retried like
+    :func:`retry_call` (same policy, deadline and notices). Once an item was yielded, an error
+    is raised unchanged: a retry would repeat what the caller already has (see
+    :func:`interrupted`). Each attempt's iterator is closed when it ends, fails or is left.
+    """
+    retries = _Retries(policy, deadline, on_retry)
+    while True:
+        started = False
+        try:
+            async with contextlib.aclosing(_closable(attempt())) as items:
+                async for item in items:
+                    started = True
+                    yield item
+            return
+        except AgentError as error:
+            if started:
                 raise
-            wait = policy.wait_before(attempt - 1, error)
-            now = loop.time()
-            if wait is None or (deadline is not None and now + wait >= deadline):
-                raise
-            if on_retry is not None:
-                on_retry(RetryNotice(attempt, policy.max_attempts, wait, error, now - started))
-            await asyncio.sleep(wait)
-            attempt += 1
+            await retries.wait_or_raise(error)
+
+
+def interrupted(error: AgentError) -> AgentError:
+    """The error for a stream that broke off with ``error`` after part of it was delivered.
+
+    Its kind is :attr:`ErrorKind.STREAM_INTERRUPTED` when ``error`` was worth retrying (the
+    whole call may be made again, by the caller); any other error is returned as it is.
+    """
+    if not error.retryable or error.kind is ErrorKind.STREAM_INTERRUPTED:
+        return error
+    where = error.provider or "the provider"
+    return AgentError(
+        ErrorKind.STREAM_INTERRUPTED,
+        f"the {where} stream broke off after part of the reply was delivered; that part was "
+        f"discarded ({error})",
+        provider=error.provider,
+        status=error.status,
+        retry_after=error.retry_after,
+        body=error.body,
+    )
+
+
+async def _closable(items: AsyncIterator[T]) -> AsyncGenerator[T, None]:
+    """``items`` as an async generator that closes ``items`` when it is closed."""
+    try:
+        async for item in items:
+            yield item
+    finally:
+        close = getattr(items, "aclose", None)
+        if close is not None:
+            await close()
+
+
+class _Retries:
+    """The attempts of one call so far, and the decision after each failure."""
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        deadline: float | None,
+        on_retry: Callable[[RetryNotice], None] | None,
+    ) -> None:
+        self.policy = policy
+        self.deadline = deadline
+        self.on_retry = on_retry
+        self.loop = asyncio.get_running_loop()
+        self.started = self.loop.time()
+        self.attempt = 1
+
+    async def wait_or_raise(self, error: AgentError) -> None:
+        """Sleep before the next attempt, or raise ``error`` when there is none to make."""
+        policy = self.policy
+        if not error.retryable or self.attempt >= policy.max_attempts:
+            raise error
+        wait = policy.wait_before(self.attempt - 1, error)
+        now = self.loop.time()
+        if wait is None or (self.deadline is not None and now + wait >= self.deadline):
+            raise error
+        if self.on_retry is not None:
+            self.on_retry(
+                RetryNotice(self.attempt, policy.max_attempts, wait, error, now - self.started)
+            )
+        await asyncio.sleep(wait)
+        self.attempt += 1
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:

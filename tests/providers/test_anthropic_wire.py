@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
 from agent_plugin.messages import (
@@ -27,9 +26,14 @@ from agent_plugin.messages import (
     ContentPart,
     Image,
     ImagePart,
+    ProviderBlockPart,
     RedactedThinking,
     RedactedThinkingPart,
     Role,
+    ServerToolCall,
+    ServerToolCallPart,
+    ServerToolResult,
+    ServerToolResultPart,
     StopReason,
     TextPart,
     Thinking,
@@ -41,7 +45,11 @@ from agent_plugin.messages import (
     ToolResult,
     ToolResultPart,
 )
-from agent_plugin.providers.anthropic import AnthropicClient, parse_response
+from agent_plugin.providers.anthropic import (
+    AnthropicClient,
+    ServerTool,
+    parse_response,
+)
 from agent_plugin.providers.base import (
     ChatRequest,
     ChatResponse,
@@ -55,7 +63,18 @@ from agent_plugin.providers.base import (
 )
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy
 from agent_plugin.redaction import REDACTED
-from tests.wire import fixture_names, is_stream, load, sse_body
+from tests.wire import (
+    PAUSED_TURNS,
+    anthropic_folded,
+    collect,
+    done,
+    fixture_names,
+    is_stream,
+    load,
+    replay,
+    sse_body,
+)
+from tests.wire import sse as wire_sse
 
 NAMES = fixture_names("anthropic")
 KEY = "sk-ant-api03-test-key-0123456789abcdef"
@@ -82,46 +101,19 @@ def builder(**kwargs: Any) -> AnthropicClient:
     return AnthropicClient(transport=httpx.MockTransport(unreachable), **kwargs)
 
 
-def replay(fixture: dict[str, Any]) -> Handler:
-    """Answer every request with the recorded status, headers and body bytes."""
-    response = fixture["response"]
-    if is_stream(fixture):
-        content = sse_body(fixture)
-    elif "body_raw" in response:
-        content = response["body_raw"].encode()
-    else:
-        content = json.dumps(response["body"]).encode()
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(response["status"], headers=response["headers"], content=content)
-
-    return handler
-
-
 def sse(*payloads: dict[str, Any] | str) -> bytes:
     """An Anthropic-style SSE body: ``event:`` named after the payload's type."""
-    out = []
-    for payload in payloads:
-        if isinstance(payload, str):
-            out.append(f"data: {payload}\n\n")
-        else:
-            out.append(f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n")
-    return "".join(out).encode()
+    return wire_sse(list(payloads), named=True)
 
 
 def hello() -> ChatRequest:
     return ChatRequest(messages=[ChatMessage.user("hi")])
 
 
-async def collect(client: LlmClient, request: ChatRequest) -> list[StreamEvent]:
-    return [event async for event in client.stream(request)]
-
-
-def done(events: list[StreamEvent]) -> ChatResponse:
-    assert sum(isinstance(e, StreamDone) for e in events) == 1
-    last = events[-1]
-    assert isinstance(last, StreamDone)
-    return last.response
+def recorded(name: str) -> Handler:
+    """Answer with the recording (and, for a paused turn, then with its continuation)."""
+    continued = PAUSED_TURNS.get(name)
+    return replay(load(name), *([load(continued)] if continued else []))
 
 
 # --- expectations for every fixture --------------------------------------------------------
@@ -139,6 +131,7 @@ class Reply:
     calls: tuple[tuple[str, str, Any], ...] = ()
     thinking: str = ""  # start of the thinking text, when there is a thinking block
     signature: str = ""  # start of its signature
+    server: dict[str, int] = field(default_factory=dict)  # server tool calls and results
 
 
 @dataclass(frozen=True)
@@ -157,6 +150,8 @@ def usage(inp: int, out: int, read: int = 0, write: int = 0) -> TokenUsage:
 SONNET4 = "claude-sonnet-4-20250514"
 OPUS3 = "claude-3-opus-20240229"
 HAIKU45 = "claude-haiku-4-5-20251001"
+SONNET45 = "claude-sonnet-4-5-20250929"
+SONNET46 = "claude-sonnet-4-6"
 WEATHER_CALL = ("toolu_01DYJo37oETVsCdLTTcCWcdq", "get_weather", {"location": "San Francisco, CA"})
 SECRETS_CALLS = (
     ("toolu_015cUijgET79LXjgeYQerN2h", "secret_retrieval_tool", {"password": "mellon"}),
@@ -345,28 +340,176 @@ EXPECTED: dict[str, Reply | Failure] = {
     ),
 }
 
+EXPECTED.update(
+    {
+        "anthropic__server_tool_code_execution__pydantic-ai": Reply(
+            "3 * 12390 = **37,170**",
+            StopReason.END_TURN,
+            usage(4612, 80),
+            SONNET45,
+            ends="3 * 12390 = **37,170**",
+            server={"call:bash_code_execution": 1, "result:bash_code_execution_tool_result": 1},
+        ),
+        "anthropic__server_tool_result_followup__pydantic-ai": Reply(
+            "4 * 12390 = **49,560**",
+            StopReason.END_TURN,
+            usage(4840, 80),
+            SONNET45,
+            ends="4 * 12390 = **49,560**",
+            server={"call:bash_code_execution": 1, "result:bash_code_execution_tool_result": 1},
+        ),
+        "anthropic__stream_server_tool_code_execution__pydantic-ai": Reply(
+            "I'll calculate that expression for you right away!",
+            StopReason.END_TURN,
+            usage(4714, 304),
+            SONNET46,
+            ends="Answer: **-428,330,955.97745**",
+            thinking="Let me calculate this mathematical expre",
+            signature="EusBClsIDRgCKkBpzetW",
+            server={"call:bash_code_execution": 1, "result:bash_code_execution_tool_result": 1},
+        ),
+        "anthropic__server_tool_text_editor__pydantic-ai": Reply(
+            "Sure! I'll do both steps simultaneously -- creatin",
+            StopReason.END_TURN,
+            usage(10490, 469),
+            SONNET46,
+            ends="`\n\nEverything looks perfect! 🎉",
+            server={
+                "call:text_editor_code_execution": 4,
+                "result:text_editor_code_execution_tool_result": 4,
+            },
+        ),
+        "anthropic__server_tool_web_search__pydantic-ai": Reply(
+            "Based on the search results, here's the weather in",
+            StopReason.END_TURN,
+            usage(8984, 520),
+            SONNET4,
+            ends="ould limit outdoor activities.",
+            thinking="The user is asking about the weather in ",
+            signature="Et0ECkYIBxgCKkCXTXBK",
+            server={"call:web_search": 1, "result:web_search_tool_result": 1},
+        ),
+        "anthropic__server_tool_web_search_followup__pydantic-ai": Reply(
+            "Based on the search results, here's the weather in",
+            StopReason.END_TURN,
+            usage(19859, 544),
+            SONNET4,
+            ends="ities should take precautions.",
+            thinking="The user is now asking about the weather",
+            signature="EqgCCkYIBxgCKkAhyrWt",
+            server={"call:web_search": 1, "result:web_search_tool_result": 1},
+        ),
+        "anthropic__stream_server_tool_web_search__pydantic-ai": Reply(
+            "Let me search for more specific breaking news stor",
+            StopReason.END_TURN,
+            usage(31772, 644),
+            SONNET4,
+            ends="tions affecting North America.",
+            server={"call:web_search": 2, "result:web_search_tool_result": 2},
+        ),
+        "anthropic__pause_turn_web_search__pydantic-ai": Reply(
+            "I'll run these searches for you one at a time. Let",
+            StopReason.END_TURN,
+            usage(896017, 2037),
+            SONNET45,
+            ends="nformation from February 2026.",
+            thinking="The user wants me to run 15 separate web",
+            signature="Es4DCkYICxgCKkB5MhEE",
+            server={"call:web_search": 15, "result:web_search_tool_result": 15},
+        ),
+        "anthropic__pause_turn_continuation__pydantic-ai": Reply(
+            "Let me complete the final searches:Now let me comp",
+            StopReason.END_TURN,
+            usage(494549, 1245),
+            SONNET45,
+            ends="nformation from February 2026.",
+            server={"result:web_search_tool_result": 5, "call:web_search": 4},
+        ),
+        "anthropic__stream_pause_turn_web_search__pydantic-ai": Reply(
+            "I'll run these searches one at a time as requested",
+            StopReason.END_TURN,
+            usage(887029, 2253),
+            SONNET45,
+            ends="e been completed as requested.",
+            thinking="The user wants me to run a series of web",
+            signature="EuwJCm4IDxgCKkBjID0+",
+            server={"call:web_search": 15, "result:web_search_tool_result": 15},
+        ),
+        "anthropic__stream_pause_turn_continuation__pydantic-ai": Reply(
+            "Let me continue with the remaining searches as req",
+            StopReason.END_TURN,
+            usage(482529, 1310),
+            SONNET45,
+            ends="e been completed as requested.",
+            server={"result:web_search_tool_result": 5, "call:web_search": 4},
+        ),
+        "anthropic__error_400_prompt_too_long__issue-exe.dev-62": Failure(
+            ErrorKind.CONTEXT_TOO_LONG, 400, "prompt is too long: 200251 tokens > 200000 maximum"
+        ),
+        "anthropic__error_400_credit_balance_too_low__issue-claude-code-66314": Failure(
+            ErrorKind.OUT_OF_CREDIT,
+            400,
+            "Your credit balance is too low to access the Anthropic API",
+        ),
+    }
+)
+
 REPLIES = [n for n in NAMES if isinstance(EXPECTED.get(n), Reply)]
 FAILURES = [n for n in NAMES if isinstance(EXPECTED.get(n), Failure)]
 
 
+# fixtures whose expectation lives with the behaviour they are for
+ELSEWHERE = {
+    # a 200 stream that breaks off with an error event: test_stream_retry.py
+    "anthropic__stream_error_overloaded__documented-example",
+}
+
+
 def test_every_anthropic_fixture_has_an_expectation() -> None:
     assert NAMES, "no anthropic fixtures found"
-    assert set(EXPECTED) == set(NAMES)
+    assert set(EXPECTED) == set(NAMES) - ELSEWHERE
+    assert set(NAMES) >= ELSEWHERE
     # each fixture is classified the way its recording is: an error status or a reply
-    for name in NAMES:
+    for name in EXPECTED:
         failed = load(name)["response"]["status"] >= 400
         assert isinstance(EXPECTED[name], Failure) is failed, name
 
 
-def check_reply(response: ChatResponse, want: Reply, fixture: dict[str, Any]) -> None:
+def check_server_parts(response: ChatResponse, want: Reply, fixture: dict[str, Any]) -> None:
+    """Server tool calls and results, counted, each result after its call (a continued turn's
+    first result answers a call of the reply it continues); none kept whole."""
+    seen: Counter[str] = Counter()
+    body = fixture["request"].get("body") or {}
+    continued = body.get("messages", [{}])[-1] if isinstance(body, dict) else {}
+    called = {
+        block["id"]
+        for block in (continued.get("content") if continued.get("role") == "assistant" else [])
+        if block["type"] == "server_tool_use"
+    }
+    for part in response.content:
+        if isinstance(part, ServerToolCallPart):
+            seen[f"call:{part.server_tool_call.name}"] += 1
+            called.add(part.server_tool_call.id)
+        elif isinstance(part, ServerToolResultPart):
+            seen[f"result:{part.server_tool_result.type}"] += 1
+            assert part.server_tool_result.tool_call_id in called
+        assert not isinstance(part, ProviderBlockPart)  # every recorded block is a known one
+    assert dict(seen) == want.server
+
+
+def check_reply(
+    response: ChatResponse, want: Reply, fixture: dict[str, Any], name: str = ""
+) -> None:
     assert response.text.startswith(want.starts)
     assert response.text.endswith(want.ends)
     assert response.stop_reason is want.stop
     assert response.usage == want.usage
     assert response.model == want.model
-    if not is_stream(fixture):
-        assert response.id == fixture["response"]["body"]["id"]
+    if not is_stream(fixture):  # a paused turn's id is its continuation's
+        last = load(PAUSED_TURNS[name]) if name in PAUSED_TURNS else fixture
+        assert response.id == last["response"]["body"]["id"]
     assert [(c.id, c.name, c.arguments) for c in response.tool_calls] == list(want.calls)
+    check_server_parts(response, want, fixture)
     assert all(c.raw_arguments is None for c in response.tool_calls)
     thinking = [p.thinking for p in response.content if isinstance(p, ThinkingPart)]
     if want.thinking:
@@ -385,15 +528,16 @@ async def test_recorded_reply_through_the_client(name: str) -> None:
     fixture = load(name)
     want = EXPECTED[name]
     assert isinstance(want, Reply)
-    async with aclosing(client_for(replay(fixture))) as client:
+    async with aclosing(client_for(recorded(name))) as client:
         if is_stream(fixture):
             events = await collect(client, hello())
             response = done(events)
             check_stream_events(events, response)
         else:
             response = await client.chat(hello())
-            assert response == parse_response(fixture["response"]["body"])
-    check_reply(response, want, fixture)
+            if name not in PAUSED_TURNS:
+                assert response == parse_response(fixture["response"]["body"])
+    check_reply(response, want, fixture, name)
 
 
 def check_stream_events(events: list[StreamEvent], response: ChatResponse) -> None:
@@ -479,28 +623,42 @@ async def streamed(short: str) -> ChatResponse:
         return done(await collect(client, hello()))
 
 
-async def test_stream_equals_its_non_streaming_twin_max_tokens() -> None:
-    whole = parse_response(fx("stop_max_tokens__mirascope")["response"]["body"])
-    aggregate = await streamed("stream_max_tokens__mirascope")
-    # same prompt, same model, same answer; only the message id differs between the recordings
-    assert aggregate.model_copy(update={"id": whole.id}) == whole
+# Recordings of the same prompt made whole and streamed, and what legitimately differs between
+# the two calls (beyond the message id, which every call has its own).
+TWINS = [
+    ("stop_max_tokens__mirascope", "stream_max_tokens__mirascope", ()),
+    ("stop_refusal__vercel-ai", "stream_refusal__vercel-ai", ()),
+    # recorded with a different cached system prompt, so the cache read differs
+    ("prompt_cache_read__dd-trace-py", "stream_prompt_cache_read__dd-trace-py", ("usage",)),
+]
 
 
-async def test_stream_equals_its_non_streaming_twin_refusal() -> None:
-    whole = parse_response(fx("stop_refusal__vercel-ai")["response"]["body"])
-    aggregate = await streamed("stream_refusal__vercel-ai")
-    assert aggregate.content == []
-    assert aggregate.model_copy(update={"id": whole.id}) == whole
+@pytest.mark.parametrize(("whole", "stream", "differs"), TWINS, ids=[t[1] for t in TWINS])
+async def test_stream_equals_its_non_streaming_twin(
+    whole: str, stream: str, differs: tuple[str, ...]
+) -> None:
+    reply = parse_response(fx(whole)["response"]["body"])
+    aggregate = await streamed(stream)
+    assert aggregate.id != reply.id
+    same = ("content", "stop_reason", "raw_stop_reason", "model", "usage")
+    for name in same:
+        if name not in differs:
+            assert getattr(aggregate, name) == getattr(reply, name), name
+    assert set(differs) <= set(same)
 
 
-async def test_stream_equals_its_non_streaming_twin_cache_read() -> None:
-    # the twin was recorded with a different cached system prompt, so only usage differs
+async def test_a_refusal_has_no_content_whole_or_streamed() -> None:
+    assert parse_response(fx("stop_refusal__vercel-ai")["response"]["body"]).content == []
+    assert (await streamed("stream_refusal__vercel-ai")).content == []
+
+
+def test_the_cache_read_twins_differ_only_in_the_cache_read() -> None:
     whole = parse_response(fx("prompt_cache_read__dd-trace-py")["response"]["body"])
-    aggregate = await streamed("stream_prompt_cache_read__dd-trace-py")
-    assert aggregate.content == whole.content
-    assert aggregate.stop_reason is whole.stop_reason
-    assert aggregate.usage.cache_read_tokens == 1031
-    assert whole.usage.cache_read_tokens == 2055
+    streamed_body = anthropic_folded(sse_body(fx("stream_prompt_cache_read__dd-trace-py")))
+    assert (whole.usage.cache_read_tokens, streamed_body["usage"]["cache_read_input_tokens"]) == (
+        2055,
+        1031,
+    )
 
 
 async def test_streamed_tool_calls_are_resent_as_the_recorded_follow_up() -> None:
@@ -560,8 +718,29 @@ def part_from_block(block: dict[str, Any]) -> ContentPart:
                 is_error=bool(block.get("is_error")),
             )
         )
+    if kind == "server_tool_use":
+        call = ServerToolCall(id=block["id"], name=block["name"], arguments=block["input"])
+        return ServerToolCallPart(server_tool_call=call)
+    if kind.endswith("_tool_result"):
+        result = ServerToolResult(
+            tool_call_id=block["tool_use_id"], type=kind, content=block["content"]
+        )
+        return ServerToolResultPart(server_tool_result=result)
     assert kind == "thinking", kind
     return ThinkingPart(thinking=Thinking(text=block["thinking"], signature=block["signature"]))
+
+
+def server_tools_of(recorded: dict[str, Any]) -> list[ServerTool]:
+    """The server tools a recorded request declares (typed tools; the app's have a schema)."""
+    return [
+        ServerTool(
+            t["type"],
+            t["name"],
+            {k: v for k, v in t.items() if k not in ("type", "name") and v is not None},
+        )
+        for t in recorded.get("tools", [])
+        if "input_schema" not in t
+    ]
 
 
 TOOL_CHOICE_BACK = {"auto": "auto", "any": "required", "none": "none"}
@@ -594,6 +773,7 @@ def conversation(recorded: dict[str, Any], *, caching: bool) -> ChatRequest:
                 name=t["name"], description=t["description"], input_schema=t["input_schema"]
             )
             for t in recorded.get("tools", [])
+            if "input_schema" in t
         ],
         max_tokens=recorded["max_tokens"],
         temperature=recorded.get("temperature"),
@@ -603,8 +783,23 @@ def conversation(recorded: dict[str, Any], *, caching: bool) -> ChatRequest:
         else TOOL_CHOICE_BACK.get(choice["type"], choice.get("name")),
         model=recorded["model"],
         prompt_caching=caching,
-        extra_body={"thinking": recorded["thinking"]} if "thinking" in recorded else {},
+        extra_body={k: recorded[k] for k in ("thinking", "container") if k in recorded},
     )
+
+
+def clean(value: Any) -> Any:
+    """``value`` without null-valued keys and the defaults ``is_error: false``, a tool_result's
+    list of text blocks as their text."""
+    if isinstance(value, dict):
+        out = {k: clean(v) for k, v in value.items() if v is not None}
+        if out.get("is_error") is False:
+            del out["is_error"]
+        if out.get("type") == "tool_result" and isinstance(out["content"], list):
+            out["content"] = "".join(b["text"] for b in out["content"])
+        return out
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
 
 
 def normalised(recorded: dict[str, Any]) -> dict[str, Any]:
@@ -615,19 +810,8 @@ def normalised(recorded: dict[str, Any]) -> dict[str, Any]:
     * keys with a null value are absent (``cache_control: null``, ``citations: null``);
       ``is_error: false`` and ``stream: false`` are the defaults, which we leave out.
     * we always send ``tools`` (§1.4: the key is present, maybe ``[]``).
+    * a ``system`` list of one text block without a cache marker is that text as a string.
     """
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, dict):
-            out = {k: clean(v) for k, v in value.items() if v is not None}
-            if out.get("is_error") is False:
-                del out["is_error"]
-            if out.get("type") == "tool_result" and isinstance(out["content"], list):
-                out["content"] = "".join(b["text"] for b in out["content"])
-            return out
-        if isinstance(value, list):
-            return [clean(v) for v in value]
-        return value
 
     body: dict[str, Any] = clean(copy.deepcopy(recorded))
     for message in body["messages"]:
@@ -636,6 +820,9 @@ def normalised(recorded: dict[str, Any]) -> dict[str, Any]:
     if body.get("stream") is False:
         del body["stream"]
     body.setdefault("tools", [])
+    system = body.get("system")
+    if isinstance(system, list) and len(system) == 1 and "cache_control" not in system[0]:
+        body["system"] = system[0]["text"]
     return body
 
 
@@ -719,6 +906,18 @@ REQUESTS: dict[str, Recorded] = {
     "tool_results_followup_parallel__pydantic-ai": Recorded(),
     "tool_use_parallel__pydantic-ai": Recorded(),
     "tool_use_single__dd-trace-py": Recorded(),
+    # server tools declared through ServerTool, their blocks sent back as they came
+    "server_tool_code_execution__pydantic-ai": Recorded(),
+    "server_tool_result_followup__pydantic-ai": Recorded(),
+    "server_tool_text_editor__pydantic-ai": Recorded(),
+    "server_tool_web_search__pydantic-ai": Recorded(),
+    "server_tool_web_search_followup__pydantic-ai": Recorded(),
+    "stream_server_tool_code_execution__pydantic-ai": Recorded(),
+    "stream_server_tool_web_search__pydantic-ai": Recorded(),
+    "pause_turn_web_search__pydantic-ai": Recorded(),
+    "pause_turn_continuation__pydantic-ai": Recorded(),
+    "stream_pause_turn_web_search__pydantic-ai": Recorded(),
+    "stream_pause_turn_continuation__pydantic-ai": Recorded(),
 }
 
 
@@ -736,13 +935,15 @@ def test_every_recorded_request_is_rebuilt() -> None:
 def test_build_body_matches_the_recorded_request(short: str) -> None:
     case = REQUESTS[short]
     recorded = fx(short)["request"]["body"]
-    client = builder(prompt_caching=not case.caching)  # the request's flag must win
+    # the request's caching flag must win over the client's
+    client = builder(prompt_caching=not case.caching, server_tools=server_tools_of(recorded))
     request = conversation(recorded, caching=case.caching)
     before = copy.deepcopy(request)
     ours = client.build_body(request, stream=recorded.get("stream") is True)
     want = normalised(recorded)
 
-    assert unmarked(ours) == unmarked(want)
+    # server tool results go back as they came, nulls inside them (page_age) included
+    assert unmarked(clean(ours)) == unmarked(want)
     assert list(ours)[:4] == ["model", "max_tokens", "messages", "tools"]
     assert {path for path, _ in cache_marks(want)} == case.recorded
     assert {path for path, _ in cache_marks(ours)} == case.ours
@@ -1168,74 +1369,6 @@ def test_an_image_without_a_source_is_a_config_error() -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "reason"),
-    [
-        ("end_turn", StopReason.END_TURN),
-        ("tool_use", StopReason.TOOL_USE),
-        ("max_tokens", StopReason.MAX_TOKENS),
-        ("stop_sequence", StopReason.STOP_SEQUENCE),
-        ("refusal", StopReason.REFUSAL),
-        ("pause_turn", StopReason.UNKNOWN),
-        (None, StopReason.UNKNOWN),
-    ],
-)
-def test_stop_reasons(raw: str | None, reason: StopReason) -> None:
-    response = parse_response({"content": [], "stop_reason": raw})
-    assert response.stop_reason is reason
-    assert response.raw_stop_reason == raw
-
-
-def test_parse_response_defaults_and_ignored_blocks() -> None:
-    response = parse_response(
-        {
-            "content": [
-                {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}},
-                {"type": "tool_use"},
-                {"type": "redacted_thinking", "data": "opaque"},
-                {"type": "text", "text": "hi", "citations": None},
-                {"type": "web_search_tool_result", "content": []},
-            ],
-            "stop_reason": "tool_use",
-            "usage": {
-                "input_tokens": 3,
-                "output_tokens": 2,
-                "cache_read_input_tokens": None,
-                "cache_creation_input_tokens": None,
-                "server_tool_use": {"web_search_requests": 1},
-            },
-        }
-    )
-    assert response.content == [
-        ToolCallPart(tool_call=ToolCall(id="", name="", arguments={})),
-        RedactedThinkingPart(redacted_thinking=RedactedThinking(data="opaque")),
-        TextPart(text="hi"),
-    ]
-    assert response.usage == usage(3, 2)
-    assert response.model is None
-    assert response.id is None
-    assert parse_response({"content": []}).usage == TokenUsage()
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        {"id": "msg_1", "type": "message"},
-        {"content": None},
-        {"content": {"type": "text"}},
-        [],
-        "message",
-        None,
-    ],
-)
-def test_a_body_without_content_blocks_is_a_decode_error(body: object) -> None:
-    with pytest.raises(AgentError) as caught:
-        parse_response(body)
-    assert caught.value.kind is ErrorKind.DECODE
-    if isinstance(body, dict):
-        assert "no content blocks" in str(caught.value)
-
-
-@pytest.mark.parametrize(
     ("status", "kind"), [(401, ErrorKind.AUTHENTICATION), (403, ErrorKind.AUTHENTICATION)]
 )
 async def test_auth_failures_map_to_authentication_and_never_show_the_key(
@@ -1344,414 +1477,3 @@ async def test_retries_report_notices_and_use_the_request_deadline() -> None:
         with pytest.raises(AgentError) as caught:
             await client.chat(ChatRequest(messages=[ChatMessage.user("x")], deadline=past))
         assert caught.value.status == 529
-
-
-# --- stream edge cases ----------------------------------------------------------------------
-
-
-MESSAGE_START = {
-    "type": "message_start",
-    "message": {
-        "id": "msg_s",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-sonnet-4-5",
-        "content": [],
-        "stop_reason": None,
-        "usage": {"input_tokens": 10, "cache_read_input_tokens": 1000, "output_tokens": 1},
-    },
-}
-TEXT_START = {
-    "type": "content_block_start",
-    "index": 0,
-    "content_block": {"type": "text", "text": ""},
-}
-TEXT_DELTA = {
-    "type": "content_block_delta",
-    "index": 0,
-    "delta": {"type": "text_delta", "text": "Hel"},
-}
-BLOCK_STOP = {"type": "content_block_stop", "index": 0}
-MESSAGE_DELTA = {
-    "type": "message_delta",
-    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-    "usage": {"output_tokens": 7},
-}
-MESSAGE_STOP = {"type": "message_stop"}
-
-
-async def stream_of(body: bytes) -> list[StreamEvent]:
-    def handler(request: httpx.Request) -> httpx.Response:
-        assert json.loads(request.content)["stream"] is True
-        assert request.headers["accept"] == "text/event-stream"
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-
-    async with aclosing(client_for(handler)) as client:
-        return await collect(client, hello())
-
-
-async def drain(events: AsyncIterator[StreamEvent], into: list[StreamEvent]) -> None:
-    async for event in events:
-        into.append(event)
-
-
-@pytest.mark.parametrize(
-    ("error_type", "kind", "status"),
-    [
-        ("overloaded_error", ErrorKind.UNAVAILABLE, 529),
-        ("rate_limit_error", ErrorKind.RATE_LIMITED, 429),
-        ("api_error", ErrorKind.UNAVAILABLE, 500),
-        ("authentication_error", ErrorKind.AUTHENTICATION, 401),
-        ("invalid_request_error", ErrorKind.PROVIDER, 400),
-        ("some_new_error", ErrorKind.PROVIDER, None),
-    ],
-)
-async def test_error_event_mid_stream(error_type: str, kind: ErrorKind, status: int | None) -> None:
-    error = {"type": "error", "error": {"type": error_type, "message": "Overloaded right now"}}
-    body = sse(MESSAGE_START, TEXT_START, TEXT_DELTA, error, MESSAGE_STOP)
-    seen: list[StreamEvent] = []
-    async with aclosing(client_for(lambda r: httpx.Response(200, content=body))) as client:
-        with pytest.raises(AgentError) as caught:
-            await drain(client.stream(hello()), seen)
-    assert seen == [TextDelta("Hel")]  # the text before the error was delivered, nothing after
-    assert caught.value.kind is kind
-    assert caught.value.status == status
-    assert caught.value.provider == "anthropic"
-    assert "Overloaded right now" in str(caught.value)
-    assert error_type in str(caught.value)
-
-
-async def test_stream_ending_without_message_stop_is_a_transport_error() -> None:
-    with pytest.raises(AgentError) as caught:
-        await stream_of(sse(MESSAGE_START, TEXT_START, TEXT_DELTA, BLOCK_STOP, MESSAGE_DELTA))
-    assert caught.value.kind is ErrorKind.TRANSPORT
-    assert "stream ended early" in str(caught.value)
-
-
-async def test_invalid_json_in_a_stream_is_a_decode_error() -> None:
-    with pytest.raises(AgentError) as caught:
-        await stream_of(sse(MESSAGE_START, '{"type":"content_block_start", "index": 0,'))
-    assert caught.value.kind is ErrorKind.DECODE
-
-
-DEEP = "[" * 100_000  # json.loads raises RecursionError on this, not ValueError
-
-
-async def test_absurdly_nested_stream_event_is_a_decode_error() -> None:
-    with pytest.raises(AgentError) as caught:
-        await stream_of(sse(MESSAGE_START, TEXT_START) + f"data: {DEEP}\n\n".encode())
-    assert caught.value.kind is ErrorKind.DECODE
-    assert caught.value.provider == "anthropic"
-
-
-async def test_absurdly_nested_tool_input_is_kept_raw() -> None:
-    """Arguments that are not JSON (here: too deep to parse) stay as the model wrote them."""
-    tool_start = {
-        "type": "content_block_start",
-        "index": 0,
-        "content_block": {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
-    }
-    deep = {
-        "type": "content_block_delta",
-        "index": 0,
-        "delta": {"type": "input_json_delta", "partial_json": DEEP},
-    }
-    events = await stream_of(sse(MESSAGE_START, tool_start, deep, MESSAGE_DELTA, MESSAGE_STOP))
-    [call] = done(events).tool_calls
-    assert (call.id, call.arguments, call.raw_arguments) == ("t1", {}, DEEP)
-
-
-@pytest.mark.parametrize("streaming", [False, True], ids=["chat", "stream"])
-async def test_tool_input_nested_too_deep_for_the_message_model_is_a_decode_error(
-    streaming: bool,
-) -> None:
-    nested = '{"a":' * 300 + "1" + "}" * 300  # valid JSON, deeper than the message model takes
-    if streaming:
-        tool_start = {
-            "type": "content_block_start",
-            "index": 0,
-            "content_block": {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
-        }
-        delta = {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "input_json_delta", "partial_json": nested},
-        }
-        call = stream_of(sse(MESSAGE_START, tool_start, delta, MESSAGE_DELTA, MESSAGE_STOP))
-    else:
-        block = {"type": "tool_use", "id": "t1", "name": "f", "input": json.loads(nested)}
-        reply = {**TEXT_REPLY, "content": [block]}
-        call = chat_once(lambda request: httpx.Response(200, json=reply))
-    with pytest.raises(AgentError) as caught:
-        await call
-    assert caught.value.kind is ErrorKind.DECODE
-
-
-async def chat_once(handler: Handler) -> ChatResponse:
-    async with aclosing(client_for(handler)) as client:
-        return await client.chat(hello())
-
-
-@pytest.mark.parametrize("index", [0, 1])
-async def test_a_block_started_out_of_order_is_a_decode_error(index: int) -> None:
-    later = {"type": "content_block_start", "index": 2, "content_block": {"type": "text"}}
-    again = {"type": "content_block_start", "index": index, "content_block": {"type": "text"}}
-    with pytest.raises(AgentError) as caught:
-        await stream_of(sse(MESSAGE_START, later, again, MESSAGE_DELTA, MESSAGE_STOP))
-    assert caught.value.kind is ErrorKind.DECODE
-
-
-@pytest.mark.parametrize("streaming", [False, True], ids=["chat", "stream"])
-async def test_a_key_echoed_in_a_200_error_is_scrubbed_even_where_the_body_is_cut(
-    streaming: bool,
-) -> None:
-    # the body keeps 500 characters: the echoed key starts 20 characters before that cut
-    padding = "x" * (
-        BODY_LIMIT - 20 - len('{"type": "error", "error": {"type": "api_error", "message": "')
-    )
-    echo = {"type": "error", "error": {"type": "api_error", "message": padding + KEY}}
-    assert json.dumps(echo).index(KEY) == BODY_LIMIT - 20
-    body = sse(MESSAGE_START, echo) if streaming else json.dumps(echo).encode()
-    client = client_for(lambda request: httpx.Response(200, content=body))
-    async with aclosing(client):
-        with pytest.raises(AgentError) as caught:
-            await (collect(client, hello()) if streaming else client.chat(hello()))
-    error = caught.value
-    assert (error.kind, error.status) == (ErrorKind.UNAVAILABLE, 500)
-    assert error.body is not None
-    assert error.body.endswith(REDACTED)
-    assert KEY[:8] not in error.body
-    assert error.message.endswith(REDACTED)
-    assert KEY[:8] not in error.message
-
-
-async def test_stream_assembly_details() -> None:
-    """Unknown events, data-only lines, invalid tool JSON, and usage updates."""
-    events = await stream_of(
-        sse(
-            MESSAGE_START,
-            {"type": "ping"},
-            TEXT_START,
-            TEXT_DELTA,
-            {"type": "content_block_delta", "index": 0, "delta": {"type": "citations_delta"}},
-            {"type": "brand_new_event", "index": 99},
-            BLOCK_STOP,
-            {
-                "type": "content_block_start",
-                "index": 1,
-                "content_block": {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
-            },
-            {
-                "type": "content_block_delta",
-                "index": 1,
-                "delta": {"type": "input_json_delta", "partial_json": '{"a": '},
-            },
-            {"type": "content_block_stop", "index": 1},
-            {
-                "type": "content_block_start",
-                "index": 2,
-                "content_block": {"type": "tool_use", "id": "t2", "name": "g", "input": {}},
-            },
-            {"type": "content_block_stop", "index": 2},
-            {
-                "type": "content_block_start",
-                "index": 3,
-                "content_block": {"type": "redacted_thinking", "data": "opaque"},
-            },
-            {"type": "content_block_stop", "index": 3},
-            MESSAGE_DELTA,
-        )
-        # the last event with no "event:" line, as the vercel fixture-file streams have it
-        + b'data: {"type":"message_stop"}   \n\n'
-        # the reply is complete at message_stop; whatever follows is not read
-        + b"data: {not json\n\n"
-    )
-    response = done(events)
-    assert response.content == [
-        TextPart(text="Hel"),
-        ToolCallPart(tool_call=ToolCall(id="t1", name="f", arguments={}, raw_arguments='{"a": ')),
-        ToolCallPart(tool_call=ToolCall(id="t2", name="g", arguments={})),
-        RedactedThinkingPart(redacted_thinking=RedactedThinking(data="opaque")),
-    ]
-    assert response.usage == TokenUsage(input_tokens=1010, output_tokens=7, cache_read_tokens=1000)
-    assert response.stop_reason is StopReason.END_TURN
-    # blocks 1 and 2 are the first and second tool call: their events say 0 and 1
-    assert events[:-1] == [
-        TextDelta("Hel"),
-        ToolCallStarted(0, "t1", "f"),
-        ToolCallArgumentsDelta(0, '{"a": '),
-        ToolCallStarted(1, "t2", "g"),
-    ]
-
-
-async def test_message_delta_usage_replaces_the_start_counts() -> None:
-    # newer servers repeat input and cache counts in message_delta; they are the final ones
-    late = {
-        "type": "message_delta",
-        "delta": {"stop_reason": "end_turn"},
-        "usage": {
-            "input_tokens": 12,
-            "cache_read_input_tokens": 1000,
-            "cache_creation_input_tokens": 50,
-            "output_tokens": 9,
-        },
-    }
-    response = done(await stream_of(sse(MESSAGE_START, TEXT_START, TEXT_DELTA, late, MESSAGE_STOP)))
-    assert response.usage == TokenUsage(
-        input_tokens=1062, output_tokens=9, cache_read_tokens=1000, cache_write_tokens=50
-    )
-    assert response.stop_reason is StopReason.END_TURN
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        {"type": "content_block_delta", "index": 5, "delta": {"type": "text_delta", "text": "x"}},
-        {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "input_json_delta", "partial_json": "{}"},
-        },
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 3}},
-        {"type": "content_block_delta", "index": "0", "delta": {"type": "text_delta", "text": "x"}},
-        {"type": "message_start", "message": "hello"},
-        {"type": "message_delta", "usage": {"output_tokens": "many"}},
-    ],
-)
-async def test_malformed_stream_events_are_decode_errors(bad: dict[str, Any]) -> None:
-    with pytest.raises(AgentError) as caught:
-        await stream_of(sse(MESSAGE_START, TEXT_START, bad, MESSAGE_DELTA, MESSAGE_STOP))
-    assert caught.value.kind is ErrorKind.DECODE
-
-
-# --- fuzzing: only AgentError ever leaves the parsers ---------------------------------------
-
-KEYS = st.sampled_from(
-    [
-        "type",
-        "content",
-        "text",
-        "id",
-        "name",
-        "input",
-        "thinking",
-        "signature",
-        "data",
-        "usage",
-        "input_tokens",
-        "output_tokens",
-        "cache_read_input_tokens",
-        "cache_creation_input_tokens",
-        "stop_reason",
-        "model",
-        "error",
-        "message",
-    ]
-)
-TYPES = st.sampled_from(
-    ["text", "tool_use", "thinking", "redacted_thinking", "error", "message", "image"]
-)
-SCALARS = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False)
-    | st.text(max_size=8)
-    | TYPES
-)
-JSON = st.recursive(
-    SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(KEYS | st.text(max_size=6), inner, max_size=5)
-    ),
-    max_leaves=15,
-)
-SUCCESS_BODIES = [load(n)["response"]["body"] for n in REPLIES if not is_stream(load(n))]
-STREAM_BODIES = [sse_body(load(n)) for n in REPLIES if is_stream(load(n))]
-FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def parse_or_agent_error(data: object) -> None:
-    try:
-        response = parse_response(data)
-    except AgentError:
-        return
-    assert isinstance(response, ChatResponse)
-
-
-@FUZZ
-@given(JSON)
-def test_parse_response_on_arbitrary_json_raises_only_agent_error(data: object) -> None:
-    parse_or_agent_error(data)
-    parse_or_agent_error({"content": [data]})
-    parse_or_agent_error({"content": [], "usage": data, "stop_reason": data, "model": data})
-
-
-def mutate(value: Any, data: st.DataObject) -> Any:
-    """Replace, delete or recurse at one randomly chosen place in ``value``."""
-    if isinstance(value, dict) and value:
-        key = data.draw(st.sampled_from(sorted(value)))
-        action = data.draw(st.sampled_from(["replace", "delete", "descend"]))
-        if action == "delete":
-            del value[key]
-        elif action == "replace":
-            value[key] = data.draw(JSON)
-        else:
-            value[key] = mutate(value[key], data)
-        return value
-    if isinstance(value, list) and value:
-        i = data.draw(st.integers(0, len(value) - 1))
-        value[i] = mutate(value[i], data) if data.draw(st.booleans()) else data.draw(JSON)
-        return value
-    return data.draw(JSON)
-
-
-@FUZZ
-@given(st.data())
-def test_parse_response_on_mutated_real_bodies_raises_only_agent_error(data: st.DataObject) -> None:
-    body = copy.deepcopy(data.draw(st.sampled_from(SUCCESS_BODIES)))
-    for _ in range(data.draw(st.integers(1, 3))):
-        body = mutate(body, data)
-    parse_or_agent_error(body)
-
-
-def garble(body: bytes, data: st.DataObject) -> bytes:
-    how = data.draw(st.sampled_from(["truncate", "splice", "drop_line", "swap_lines"]))
-    if how == "truncate":
-        return body[: data.draw(st.integers(0, len(body)))]
-    if how == "splice":
-        at = data.draw(st.integers(0, len(body)))
-        cut = data.draw(st.integers(0, 40))
-        noise = data.draw(
-            st.binary(max_size=20) | st.sampled_from([b"{", b"}", b'"', b"\n\n", b"data: "])
-        )
-        return body[:at] + noise + body[at + cut :]
-    lines = body.split(b"\n")
-    i = data.draw(st.integers(0, len(lines) - 1))
-    if how == "drop_line":
-        del lines[i]
-    else:
-        j = data.draw(st.integers(0, len(lines) - 1))
-        lines[i], lines[j] = lines[j], lines[i]
-    return b"\n".join(lines)
-
-
-async def replay_stream(body: bytes) -> None:
-    client = client_for(lambda request: httpx.Response(200, content=body))
-    try:
-        events = await collect(client, hello())
-    except AgentError:
-        return
-    finally:
-        await client.aclose()
-    response = done(events)
-    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == response.text
-
-
-@FUZZ
-@given(st.data())
-def test_stream_parser_on_garbled_recordings_raises_only_agent_error(data: st.DataObject) -> None:
-    body = data.draw(st.sampled_from(STREAM_BODIES))
-    for _ in range(data.draw(st.integers(1, 3))):
-        body = garble(body, data)
-    asyncio.run(replay_stream(body))

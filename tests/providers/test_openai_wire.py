@@ -53,9 +53,19 @@ from agent_plugin.providers.base import (
     ToolCallStarted,
 )
 from agent_plugin.providers.openai import OpenAICompatibleClient, parse_response
+from agent_plugin.providers.profiles import GENERIC, EndpointProfile, profile_for
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy
 from agent_plugin.redaction import REDACTED
-from tests.wire import fixture_names, is_stream, load, sse_body
+from tests.wire import (
+    collect,
+    fixture_names,
+    is_stream,
+    load,
+    openai_folded,
+    replay,
+    response_bytes,
+    sse_body,
+)
 
 PROVIDER = "openai-compatible"
 KEY = "sk-test-0123456789abcdef"
@@ -330,6 +340,32 @@ EXPECTATIONS: dict[str, Expectation] = {
     "usage_cached_tokens__mirascope": Reply(
         S.END_TURN, "stop", (3663, 117, 3584), text_prefix='"Ah, the most important meal of the day'
     ),
+    "mistral-thinking_parts__pydantic-ai": Reply(
+        S.END_TURN,
+        "stop",
+        (664, 747, 0),
+        text_prefix="Crossing a river is quite different from crossing a street",
+        thinking_prefix="**Analogizing crossing a river**",
+    ),
+    "mistral-stream_thinking_parts__pydantic-ai": Reply(
+        S.END_TURN,
+        "stop",
+        (10, 232, 0),
+        text_prefix="To cross the street safely, follow these steps:",
+        thinking_prefix="Okay, the user is asking how to cross the street.",
+    ),
+    "error_429_insufficient_quota__issue-NextChat-3664": Failure(
+        ErrorKind.OUT_OF_CREDIT, 429, "You exceeded your current quota"
+    ),
+    "deepseek-error_402_insufficient_balance__issue-aider-4851": Failure(
+        ErrorKind.OUT_OF_CREDIT, 402, "Insufficient Balance"
+    ),
+    "error_400_context_length_exceeded__issue-chathub-126": Failure(
+        ErrorKind.CONTEXT_TOO_LONG, 400, "maximum context length is 4097 tokens"
+    ),
+    "mistral-error_422_stream_options__issue-avante.nvim-2347": Failure(
+        ErrorKind.PROVIDER, 422, "Extra inputs are not permitted"
+    ),
     "vllm-text_basic__openllmetry": Reply(
         S.END_TURN,
         "stop",
@@ -351,42 +387,26 @@ def test_every_fixture_has_an_explicit_expectation() -> None:
 # --- replaying recorded traffic through the real client -------------------------------------
 
 
-def response_bytes(fixture: dict[str, Any]) -> bytes:
-    response = fixture["response"]
-    if is_stream(fixture):
-        return sse_body(fixture)
-    if response.get("body_raw") is not None:
-        return str(response["body_raw"]).encode()
-    return json.dumps(response["body"]).encode()
-
-
 def base_url_for(fixture: dict[str, Any]) -> str:
-    """The base URL that makes the client hit the recorded path."""
-    path: str = fixture["request"]["path"].split("?")[0]
+    """The base URL that makes the client hit the recorded path: on the recorded host where
+    the recording kept it (so the client takes that host's profile), else on a test host."""
+    url = fixture["request"]["url"] or "http://llm.test" + fixture["request"]["path"]
+    url = url.split("?")[0]
     for suffix in ("/chat/completions", "/models"):
-        if path.endswith(suffix):
-            return "http://llm.test" + path.removesuffix(suffix)
-    raise AssertionError(path)
+        if url.endswith(suffix):
+            return url.removesuffix(suffix)
+    raise AssertionError(url)
 
 
 def replay_client(
     fixture: dict[str, Any],
     sent: list[httpx.Request] | None = None,
 ) -> OpenAICompatibleClient:
-    status = fixture["response"]["status"]
-    headers = fixture["response"]["headers"]
-    content = response_bytes(fixture)
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if sent is not None:
-            sent.append(request)
-        return httpx.Response(status, headers=headers, content=content)
-
     return OpenAICompatibleClient(
         base_url=base_url_for(fixture),
         api_key=KEY,
         retry=RetryPolicy.never(),
-        transport=httpx.MockTransport(handler),
+        transport=httpx.MockTransport(replay(fixture, sent=sent)),
     )
 
 
@@ -395,16 +415,22 @@ def wants_stream(fixture: dict[str, Any]) -> bool:
     return is_stream(fixture) or (isinstance(body, dict) and body.get("stream") is True)
 
 
-async def collect(client: LlmClient, request: ChatRequest) -> list[StreamEvent]:
-    return [event async for event in client.stream(request)]
-
-
 def offline(_: httpx.Request) -> httpx.Response:
     raise AssertionError("this test must not send anything")
 
 
-# build_body needs no network; a mock transport also skips building an SSL context per client
-BUILDER = OpenAICompatibleClient(api_key=KEY, transport=httpx.MockTransport(offline))
+# build_body needs no network; a mock transport also skips building an SSL context per client.
+# A test host: the generic profile.
+BUILDER = OpenAICompatibleClient(
+    base_url="http://llm.test/v1", api_key=KEY, transport=httpx.MockTransport(offline)
+)
+
+
+def builder_for(fixture: dict[str, Any]) -> OpenAICompatibleClient:
+    """A client for ``build_body`` with the profile of the recording's host."""
+    return OpenAICompatibleClient(
+        base_url=base_url_for(fixture), api_key=KEY, transport=httpx.MockTransport(offline)
+    )
 
 
 def plain_request() -> ChatRequest:
@@ -425,6 +451,7 @@ VENDOR_OPTIONS = (
     "max_completion_tokens",
     "functions",
     "function_call",
+    "top_p",
 )
 
 # Recorded top-level keys we deliberately do not send.
@@ -435,8 +462,6 @@ NOT_SENT: dict[str, str] = {
 # Recorded message keys we deliberately do not send.
 MESSAGE_KEYS_NOT_SENT: dict[str, str] = {
     "annotations": "mirascope echoes the previous reply's (empty) annotations",
-    "reasoning": "pydantic-ai re-sends Ollama's reasoning under this name; we send it as "
-    "reasoning_content (checked equal below)",
 }
 
 
@@ -457,10 +482,16 @@ def request_from_recorded(body: dict[str, Any]) -> ChatRequest:
         elif role == "assistant":
             parts: list[ContentPart] = []
             reasoning = message.get("reasoning_content", message.get("reasoning"))
+            content = message.get("content")
+            if isinstance(content, list):  # Mistral: thinking parts, then text parts
+                reasoning = "".join(
+                    t["text"] for p in content if p["type"] == "thinking" for t in p["thinking"]
+                )
+                content = "".join(p["text"] for p in content if p["type"] == "text")
             if reasoning is not None:
                 parts.append(ThinkingPart(thinking=Thinking(text=reasoning)))
-            if message.get("content"):
-                parts.append(TextPart(text=message["content"]))
+            if content:
+                parts.append(TextPart(text=content))
             for call in message.get("tool_calls") or []:
                 function = call["function"]
                 parts.append(
@@ -497,44 +528,62 @@ def request_from_recorded(body: dict[str, Any]) -> ChatRequest:
     )
 
 
-def assert_matches_recording(ours: dict[str, Any], recorded: dict[str, Any]) -> None:
-    """Every key we send equals the recording; recorded keys we omit are documented."""
+def assert_matches_recording(
+    ours: dict[str, Any], recorded: dict[str, Any], profile: EndpointProfile = GENERIC
+) -> None:
+    """Every key we send equals the recording; recorded keys we omit are documented, and
+    so is each place where ``profile`` (the host's) says the field goes otherwise."""
+    renamed = {"max_tokens": profile.max_tokens_field}
     for key, value in ours.items():
+        theirs = next((k for k, v in renamed.items() if v == key and k in recorded), key)
         if key == "messages":
             assert len(value) == len(recorded["messages"])
-            for mine, theirs in zip(value, recorded["messages"], strict=True):
-                assert_message_matches(mine, theirs)
+            for mine, recorded_message in zip(value, recorded["messages"], strict=True):
+                assert_message_matches(mine, recorded_message, profile)
         elif key == "tools":
             assert len(value) == len(recorded["tools"])
-            for mine, theirs in zip(value, recorded["tools"], strict=True):
-                assert mine["type"] == theirs["type"] == "function"
-                assert set(theirs["function"]) - set(mine["function"]) <= {"strict"}  # no strict
+            for mine, recorded_tool in zip(value, recorded["tools"], strict=True):
+                assert mine["type"] == recorded_tool["type"] == "function"
+                assert set(recorded_tool["function"]) - set(mine["function"]) <= {"strict"}
                 for field_name, field_value in mine["function"].items():
-                    assert theirs["function"][field_name] == field_value
+                    assert recorded_tool["function"][field_name] == field_value
         elif key == "model" and key not in recorded:
             pass  # TGI serves one model and was called without one
         elif key == "tool_choice" and key not in recorded:
             assert value == "auto"  # mirascope left it out; "auto" is the server's default
         elif key == "stream_options" and key not in recorded:
-            # we always ask for the usage chunk [AG-23]; pydantic-ai's Groq client and the
-            # reconstructed openai-python request left it out
+            # we ask for the usage chunk where the profile says [AG-23]; pydantic-ai's Groq
+            # client and the reconstructed openai-python request left it out
+            assert profile.stream_usage
             assert value == {"include_usage": True}
         else:
-            assert recorded[key] == value, key
+            assert recorded[theirs] == value, key
     for key in set(recorded) - set(ours):
         value = recorded[key]
         omitted = isinstance(value, str) and value.startswith("<omitted")
         defaulted = value is None or value is False or value == []  # unset / stream off / no tools
-        assert key in NOT_SENT or omitted or defaulted, f"recorded key {key!r} is not sent"
+        moved = renamed.get(key) in ours
+        refused = (key == "stream_options" and not profile.stream_usage) or (
+            key == "tool_choice" and not profile.tool_choice and value == "auto"
+        )
+        assert key in NOT_SENT or omitted or defaulted or moved or refused, (
+            f"recorded key {key!r} is not sent"
+        )
 
 
-def assert_message_matches(ours: dict[str, Any], recorded: dict[str, Any]) -> None:
+def assert_message_matches(
+    ours: dict[str, Any], recorded: dict[str, Any], profile: EndpointProfile = GENERIC
+) -> None:
     for key, value in ours.items():
         if key == "content" and key not in recorded:
             assert value is None
             assert ours["role"] == "assistant"
-        elif key == "reasoning_content" and key not in recorded:
-            assert recorded["reasoning"] == value
+        elif key == "role" and value != recorded["role"]:
+            assert (recorded["role"], value) == ("system", profile.system_role)
+        elif key == "content" and isinstance(value, list) and ours["role"] == "assistant":
+            # Mistral's thinking parts: the same reasoning and text (we send one thinking part)
+            assert profile.reasoning_field == "thinking"
+            assert split_content(value) == split_content(recorded["content"])
         elif key == "tool_calls":
             assert len(value) == len(recorded["tool_calls"])
             for mine, theirs in zip(value, recorded["tool_calls"], strict=True):
@@ -546,7 +595,15 @@ def assert_message_matches(ours: dict[str, Any], recorded: dict[str, Any]) -> No
         else:
             assert recorded[key] == value, key
     for key in set(recorded) - set(ours):
-        assert key in MESSAGE_KEYS_NOT_SENT or recorded[key] is None, key
+        # null, [] and false are the defaults (pydantic-ai's Mistral client sends
+        # tool_calls: [] and prefix: false)
+        assert key in MESSAGE_KEYS_NOT_SENT or recorded[key] in (None, [], False), key
+
+
+def split_content(content: list[dict[str, Any]]) -> tuple[str, str]:
+    """The reasoning and the text of a content-part array."""
+    thinking = "".join(t["text"] for p in content if p["type"] == "thinking" for t in p["thinking"])
+    return thinking, "".join(p["text"] for p in content if p["type"] == "text")
 
 
 def request_for(fixture: dict[str, Any]) -> ChatRequest:
@@ -567,8 +624,10 @@ REQUEST_FIXTURES = [
 def test_build_body_matches_the_recorded_request(name: str) -> None:
     fixture = load(name)
     recorded = fixture["request"]["body"]
-    ours = BUILDER.build_body(request_for(fixture), stream=recorded.get("stream") is True)
-    assert_matches_recording(ours, recorded)
+    builder = builder_for(fixture)
+    ours = builder.build_body(request_for(fixture), stream=recorded.get("stream") is True)
+    assert builder.profile == profile_for(fixture["request"]["url"] or "http://llm.test")
+    assert_matches_recording(ours, recorded, builder.profile)
 
 
 def test_request_fixtures_cover_the_request_shapes() -> None:
@@ -608,7 +667,7 @@ async def test_fixture_replays_through_the_client(name: str) -> None:
             events = await collect(client, request)
             response = check_events(events)
             check_reply(response, expected)
-            assert response == parse_response(nonstream_equivalent(fixture))
+            assert response == parse_response(openai_folded(sse_body(fixture)))
         else:
             response = await client.chat(request)
             check_reply(response, expected)
@@ -623,7 +682,7 @@ async def test_fixture_replays_through_the_client(name: str) -> None:
         body = json.loads(sent[0].content)
         assert body == client.build_body(request, stream=wants_stream(fixture))
         if isinstance(fixture["request"].get("body"), dict):
-            assert_matches_recording(body, fixture["request"]["body"])
+            assert_matches_recording(body, fixture["request"]["body"], client.profile)
 
 
 def check_reply(response: ChatResponse, expected: Reply) -> None:
@@ -653,7 +712,13 @@ def check_reply(response: ChatResponse, expected: Reply) -> None:
 def check_against_recorded_body(response: ChatResponse, body: dict[str, Any]) -> None:
     """The parsed reply says what the recorded body says (read here without the parser)."""
     message = body["choices"][0]["message"]
-    assert response.text == (message.get("content") or "") + (message.get("refusal") or "")
+    content = message.get("content")
+    if isinstance(content, list):  # Mistral's content parts
+        thinking, content = split_content(content)
+        assert [p.thinking.text for p in response.content if isinstance(p, ThinkingPart)] == [
+            thinking
+        ]
+    assert response.text == (content or "") + (message.get("refusal") or "")
     recorded_calls = message.get("tool_calls") or []
     if message.get("function_call"):
         recorded_calls = [{"id": "", "function": message["function_call"]}]
@@ -722,55 +787,6 @@ def check_events(events: list[StreamEvent]) -> ChatResponse:
     return response
 
 
-def nonstream_equivalent(fixture: dict[str, Any]) -> dict[str, Any]:
-    """The whole body a recorded stream adds up to, merged naively (independent of the client).
-
-    Reasoning goes under ``reasoning`` here (the client's assembler uses
-    ``reasoning_content``), so both of parse_response's reasoning fields are exercised.
-    """
-    text = refusal = reasoning = ""
-    calls: dict[int, dict[str, Any]] = {}
-    finish = usage = chunk_id = model = None
-    for line in sse_body(fixture).decode().split("\n"):
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
-        chunk_id = chunk_id or chunk.get("id")
-        model = model or chunk.get("model")
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            text += delta.get("content") or ""
-            refusal += delta.get("refusal") or ""
-            reasoning += delta.get("reasoning_content") or delta.get("reasoning") or ""
-            for call in delta.get("tool_calls") or []:
-                slot = calls.setdefault(call["index"], {"id": None, "name": None, "args": ""})
-                slot["id"] = slot["id"] or call.get("id")
-                slot["name"] = slot["name"] or call.get("function", {}).get("name")
-                slot["args"] += call.get("function", {}).get("arguments") or ""
-            finish = choice.get("finish_reason") or finish
-    message: dict[str, Any] = {"role": "assistant", "content": text or None}
-    if refusal:
-        message["refusal"] = refusal
-    if reasoning:
-        message["reasoning"] = reasoning
-    if calls:
-        message["tool_calls"] = [
-            {
-                "id": c["id"],
-                "type": "function",
-                "function": {"name": c["name"], "arguments": c["args"]},
-            }
-            for _, c in sorted(calls.items())
-        ]
-    return {
-        "id": chunk_id,
-        "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": usage,
-    }
-
-
 # --- recorded conversations carried forward -------------------------------------------------
 
 
@@ -834,7 +850,7 @@ async def test_tool_call_reply_then_results_is_the_recorded_followup(
             ]
         ),
     ]
-    assert_matches_recording(client.build_body(request, stream=False), recorded)
+    assert_matches_recording(client.build_body(request, stream=False), recorded, client.profile)
 
 
 async def test_stream_and_whole_twins_agree() -> None:
@@ -1083,8 +1099,13 @@ def test_error_object_in_a_200_body() -> None:
     assert (caught.value.kind, caught.value.status) == (ErrorKind.UNAVAILABLE, 502)
     assert "upstream down" in caught.value.message
     with pytest.raises(AgentError) as caught:
-        parse_response({"error": {"code": "context_length_exceeded", "message": "too long"}})
+        parse_response({"error": {"code": "some_code", "message": "too bad"}})
     assert (caught.value.kind, caught.value.status) == (ErrorKind.PROVIDER, None)
+    # what the error says decides where its status does not
+    with pytest.raises(AgentError) as caught:
+        parse_response({"error": {"code": "context_length_exceeded", "message": "too long"}})
+    assert (caught.value.kind, caught.value.status) == (ErrorKind.CONTEXT_TOO_LONG, None)
+    assert "longer than the model's context window" in caught.value.message
     with pytest.raises(AgentError) as caught:
         parse_response({"error": "plain text"})
     assert caught.value.kind is ErrorKind.PROVIDER
@@ -1140,11 +1161,20 @@ async def stream_bytes(content: bytes, request: ChatRequest | None = None) -> li
         await client.aclose()
 
 
-async def test_stream_ending_early_is_a_transport_error() -> None:
+@pytest.mark.parametrize(
+    ("cut", "kind"),
+    [
+        (chunk({"role": "assistant", "content": ""}), ErrorKind.TRANSPORT),  # nothing shown
+        (chunk({"content": "Hel"}), ErrorKind.STREAM_INTERRUPTED),
+    ],
+    ids=["before_output", "after_output"],
+)
+async def test_stream_ending_early(cut: str, kind: ErrorKind) -> None:
     with pytest.raises(AgentError) as caught:
-        await stream_bytes(chunk({"content": "Hel"}).encode())
-    assert caught.value.kind is ErrorKind.TRANSPORT
+        await stream_bytes(cut.encode())
+    assert caught.value.kind is kind
     assert "stream ended early" in caught.value.message
+    assert caught.value.retryable  # the whole call may be made again
 
 
 async def test_stream_with_a_finish_reason_but_no_done_is_complete() -> None:
@@ -1631,7 +1661,10 @@ def test_seed_repr_redacts_the_key() -> None:
     client = OpenAICompatibleClient(model="m", base_url="http://h/v1/", api_key=KEY)
     text = repr(client)
     assert KEY not in text
-    assert text == "OpenAICompatibleClient(model='m', base_url='http://h/v1', api_key='[REDACTED]')"
+    assert text == (
+        "OpenAICompatibleClient(model='m', base_url='http://h/v1', api_key='[REDACTED]', "
+        "profile='openai-compatible')"
+    )
     assert client.provider_name == PROVIDER
     assert isinstance(client, LlmClient)
 

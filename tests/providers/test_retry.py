@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.providers.http import SseEvent, _sse_lines, iter_sse
+from agent_plugin.providers.http import SseEvent, iter_sse, sse_lines
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_after, retry_call
 
 NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -364,13 +364,13 @@ async def test_sse_lines_split_only_at_cr_and_lf_wherever_the_chunks_break(
     cuts: list[int],
 ) -> None:
     body = SSE_BODY.encode()
-    lines = [line async for line in _sse_lines(_chunks(body, cuts))]
+    lines = [line async for line in sse_lines(_chunks(body, cuts))]
     assert lines == SSE_LINES
 
 
 async def test_sse_lines_of_an_empty_body_and_a_trailing_newline() -> None:
-    assert [line async for line in _sse_lines(_chunks(b"", []))] == []
-    assert [line async for line in _sse_lines(_chunks(b"data: x\r\n", [8]))] == ["data: x"]
+    assert [line async for line in sse_lines(_chunks(b"", []))] == []
+    assert [line async for line in sse_lines(_chunks(b"data: x\r\n", [8]))] == ["data: x"]
 
 
 @pytest.mark.parametrize(
@@ -386,7 +386,7 @@ async def test_sse_lines_of_an_empty_body_and_a_trailing_newline() -> None:
     ],
 )
 async def test_sse_lines_at_awkward_cuts(body: bytes, cuts: list[int], lines: list[str]) -> None:
-    assert [line async for line in _sse_lines(_chunks(body, cuts))] == lines
+    assert [line async for line in sse_lines(_chunks(body, cuts))] == lines
 
 
 async def test_a_long_line_in_small_chunks_is_split_in_linear_time() -> None:
@@ -395,6 +395,6 @@ async def test_a_long_line_in_small_chunks_is_split_in_linear_time() -> None:
     data = (line + "\n\n").encode()
     loop = asyncio.get_running_loop()
     start = loop.time()
-    lines = [item async for item in _sse_lines(_chunks(data, list(range(0, len(data), 1024))))]
+    lines = [item async for item in sse_lines(_chunks(data, list(range(0, len(data), 1024))))]
     assert loop.time() - start < 1.0
     assert lines == [line, ""]

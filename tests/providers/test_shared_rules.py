@@ -23,7 +23,7 @@ from agent_plugin.providers.base import (
     ToolCallStarted,
     merge_extra_body,
 )
-from agent_plugin.providers.http import _model_ids, json_text, loads, needs_api_key, require_key
+from agent_plugin.providers.http import json_text, loads, model_ids, needs_api_key, require_key
 from agent_plugin.providers.openai import OpenAICompatibleClient
 from agent_plugin.providers.retry import RetryPolicy
 from agent_plugin.providers.scripted import ScriptedModel
@@ -244,15 +244,15 @@ def test_loads_and_json_text() -> None:
 # --- model lists -----------------------------------------------------------------------------
 
 
-def test_model_ids() -> None:
-    assert _model_ids({"data": [{"id": "a"}, {"id": "b", "x": 1}]}, "p") == ["a", "b"]
+def testmodel_ids() -> None:
+    assert model_ids({"data": [{"id": "a"}, {"id": "b", "x": 1}]}, "p") == ["a", "b"]
     for bad, says in [
         ({"data": {}}, "p model list has no data array"),
         ([], "p model list has no data array"),
         ({"data": [{"id": 1}]}, "p model list entry has no id"),
     ]:
         with pytest.raises(AgentError) as caught:
-            _model_ids(bad, "p")
+            model_ids(bad, "p")
         assert (caught.value.kind, caught.value.message) == (ErrorKind.DECODE, says)
 
 

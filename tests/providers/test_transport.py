@@ -17,7 +17,7 @@ from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
 from agent_plugin.providers.http import HttpTransport, SseEvent
 from agent_plugin.providers.lean import LeanTransport
 from agent_plugin.providers.proxies import environment_proxy
-from agent_plugin.providers.retry import RetryNotice, RetryPolicy
+from agent_plugin.providers.retry import RetryNotice, RetryPolicy, retry_stream
 from agent_plugin.redaction import REDACTED
 from tests.httpserver import (
     Hang,
@@ -97,6 +97,16 @@ def _generator(events: AsyncGenerator[SseEvent, None]) -> AsyncGenerator[SseEven
 async def _collect(events: AsyncGenerator[SseEvent, None]) -> list[SseEvent]:
     async with aclosing(_generator(events)) as stream:
         return [event async for event in stream]
+
+
+def retried_sse(
+    transport: HttpTransport, notices: list[RetryNotice]
+) -> AsyncGenerator[SseEvent, None]:
+    """A stream of ``/x`` retried as the wire clients retry one: whole attempts, while nothing
+    has been read (``post_sse`` itself makes one attempt)."""
+    return retry_stream(
+        lambda: transport.post_sse("/x", BODY), transport.retry, on_retry=notices.append
+    )
 
 
 async def _read_into(seen: list[SseEvent], events: AsyncGenerator[SseEvent, None]) -> None:
@@ -498,12 +508,24 @@ async def test_stream_429_on_opening_is_retried(
     server.queue(Reply(429, {"retry-after-ms": "20"}, "busy"), sse([sse_event("[DONE]")]))
     notices: list[RetryNotice] = []
     transport = make_transport()
-    events = await _collect(transport.post_sse("/x", BODY, on_retry=notices.append))
+    events = await _collect(retried_sse(transport, notices))
     assert events == [SseEvent(None, "[DONE]")]
     [notice] = notices
     assert (notice.attempt, notice.wait, notice.error.kind) == (1, 0.02, ErrorKind.RATE_LIMITED)
     assert notice.error.message == f"{PROVIDER} answered 429: busy"
     assert len(server.requests) == 2
+
+
+async def test_post_sse_itself_makes_one_attempt(
+    server: HttpServer, make_transport: MakeTransport
+) -> None:
+    server.queue(Reply(429, {"retry-after-ms": "20"}, "busy"), sse([sse_event("[DONE]")]))
+    with pytest.raises(AgentError) as caught:
+        await _collect(make_transport().post_sse("/x", BODY))
+    assert caught.value.kind is ErrorKind.RATE_LIMITED
+    assert caught.value.retry_after == 0.02
+    assert len(server.requests) == 1
+    assert server.pending == 1
 
 
 async def test_stream_401_is_raised_with_its_body_and_not_retried(
@@ -529,7 +551,7 @@ async def test_stream_drop_after_the_first_event_is_not_retried(
     seen: list[SseEvent] = []
     transport = make_transport()
     with pytest.raises(AgentError) as caught:
-        await _read_into(seen, transport.post_sse("/x", BODY, on_retry=notices.append))
+        await _read_into(seen, retried_sse(transport, notices))
     assert seen == [SseEvent(None, '{"n": 1}')]
     assert caught.value.kind is ErrorKind.TRANSPORT
     assert caught.value.provider == PROVIDER
@@ -546,7 +568,7 @@ async def test_stream_failing_before_its_first_event_is_retried(
         sse([sse_event({"n": 1}), sse_event("[DONE]")]),
     )
     notices: list[RetryNotice] = []
-    events = await _collect(make_transport().post_sse("/x", BODY, on_retry=notices.append))
+    events = await _collect(retried_sse(make_transport(), notices))
     assert events == [SseEvent(None, '{"n": 1}'), SseEvent(None, "[DONE]")]
     assert [n.error.kind for n in notices] == [ErrorKind.TRANSPORT]
     assert len(server.requests) == 2
@@ -559,7 +581,7 @@ async def test_stream_silent_past_the_read_timeout_is_retried(
     server.queue(Stream([never]), sse([sse_event("[DONE]")]))
     notices: list[RetryNotice] = []
     transport = make_transport(timeout=0.2)
-    events = await _collect(transport.post_sse("/x", BODY, on_retry=notices.append))
+    events = await _collect(retried_sse(transport, notices))
     assert events == [SseEvent(None, "[DONE]")]
     assert "ReadTimeout" in notices[0].error.message
 
