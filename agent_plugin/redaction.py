@@ -47,6 +47,9 @@ _SECRET_PATTERN: Final = re.compile(
     r"|\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"  # JWTs
     r"|\b(?:Bearer|Basic)\s+[A-Za-z0-9._~+/\-]{16,}=*"  # authorization values
 )
+# Substrings without which _SECRET_PATTERN cannot match: checking them is much cheaper than the
+# pattern, which therefore runs only on texts that hold one.
+_PATTERN_HINTS: Final = ("sk-", "://", "eyJ", "Bearer", "Basic")
 
 ASSIGNED_SECRET: Final = re.compile(
     r"(?i)(\b[\w.-]*(?:password|passwd|secret|token|api[_-]?key|private[_-]?key)"
@@ -56,6 +59,32 @@ ASSIGNED_SECRET: Final = re.compile(
 """``password: hunter2``, ``api_key="..."``, ``?token=...``: the name stays, the value goes."""
 
 
+def _may_hold_pattern(text: str) -> bool:
+    for hint in _PATTERN_HINTS:
+        if hint in text:
+            return True
+    return "_" in text and ("gh" in text or "github_pat_" in text)
+
+
+def _may_hold_assignment(text: str) -> bool:
+    """False only if :data:`ASSIGNED_SECRET` cannot match ``text``.
+
+    Case-folded, every letter the pattern matches ignoring case is its ASCII letter, except the
+    dotless "ı" (which the pattern takes for "i"), hence the one replacement.
+    """
+    if ":" not in text and "=" not in text:
+        return False
+    folded = text.casefold()
+    if "ı" in folded:
+        folded = folded.replace("ı", "i")
+    return (
+        "passw" in folded
+        or "secret" in folded
+        or "token" in folded
+        or ("key" in folded and ("api" in folded or "private" in folded))
+    )
+
+
 def _is_secret_key(key: str) -> bool:
     name = key.lower().replace("-", "").replace("_", "")
     return name in _SECRET_KEYS or name.endswith(_SECRET_SUFFIXES)
@@ -63,12 +92,12 @@ def _is_secret_key(key: str) -> bool:
 
 def looks_secret(text: str) -> bool:
     """Whether ``text`` holds something that looks like a credential."""
-    return _SECRET_PATTERN.search(text) is not None
+    return _may_hold_pattern(text) and _SECRET_PATTERN.search(text) is not None
 
 
 def redact_text(text: str) -> str:
     """``text`` with every credential-looking substring replaced by ``[REDACTED]``."""
-    return _SECRET_PATTERN.sub(REDACTED, text)
+    return _SECRET_PATTERN.sub(REDACTED, text) if _may_hold_pattern(text) else text
 
 
 def redact(value: JsonValue) -> JsonValue:
@@ -116,7 +145,10 @@ def _redact_string(text: str) -> str:
             if cleaned == parsed:
                 return text
             return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
-    return ASSIGNED_SECRET.sub(lambda m: m.group(1) + REDACTED, redact_text(text))
+    text = redact_text(text)
+    if _may_hold_assignment(text):
+        text = ASSIGNED_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
 
 
 def scrub(text: str, secret: str | None) -> str:

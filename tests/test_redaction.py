@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pydantic import JsonValue
 
 from agent_plugin.redaction import (
+    ASSIGNED_SECRET,
     REDACTED,
     looks_secret,
     redact,
@@ -296,3 +297,33 @@ def test_scrub_without_a_secret_changes_nothing(secret: str | None) -> None:
 
 def test_scrub_leaves_text_without_the_secret_alone() -> None:
     assert scrub(f"see {OPENAI_KEY}", "another-secret-value") == f"see {OPENAI_KEY}"
+
+
+# --- the cheap checks before the patterns -------------------------------------------------------
+
+_ASSIGNMENT_PIECES = [
+    "password", "PassWord", "paſſword", "passwd", "secret", "SECRET", "token", "toKen",
+    "api_key", "apı-key", "APIKEY", "private_key", "prıvatekey", "key", "api", "a", "x1",
+    ":", "=", " ", '"', "'", ";", ",", "&", "}", "]", "-", ".", "_", "\n",
+]  # fmt: skip
+
+
+@given(st.lists(st.sampled_from(_ASSIGNMENT_PIECES), max_size=14).map("".join))
+@settings(max_examples=300)
+def test_assignments_are_found_wherever_the_pattern_matches(text: str) -> None:
+    prose = "note " + text  # not JSON: cleaned as text
+    expected = ASSIGNED_SECRET.sub(lambda m: m.group(1) + REDACTED, redact_text(prose))
+    assert redact_deep(prose) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "apıkey=abc123",  # a dotless i matches "i" ignoring case
+        "prıvate-key: abc123",
+        "paſſword: abc123",  # a long s matches "s" ignoring case
+        "toKen=abc123",  # the Kelvin sign matches "k" ignoring case
+    ],
+)
+def test_assignments_with_unicode_case_variants_are_caught(text: str) -> None:
+    assert "abc123" not in str(redact_deep(text))
