@@ -1,7 +1,7 @@
 """Secret redaction for everything that leaves the process: events, errors, logs and what is
 stored [OP-35].
 
-Three tools, one marker (:data:`REDACTED`):
+Three tools, one marker (:data:`REDACTED`), and none of them raises:
 
 - :func:`redact` cleans tool arguments for in-process events: values of secret-named fields and
   strings that look like credentials become ``"[REDACTED]"``.
@@ -11,20 +11,24 @@ Three tools, one marker (:data:`REDACTED`):
 - :func:`scrub` removes one known secret (the provider API key) from a text, such as an error
   message built from what a server echoed back.
 
+Values nest at most :data:`MAX_DEPTH` levels (JSON held in strings counts on): a deeper container
+becomes the marker, and a string holding JSON nested deeper is cleaned as text.
 What the provider sees is never altered: redaction applies to copies that leave the run.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from pydantic import JsonValue
 
 __all__ = [
     "ASSIGNED_SECRET",
+    "MAX_DEPTH",
     "REDACTED",
     "looks_secret",
     "redact",
@@ -34,6 +38,11 @@ __all__ = [
 ]
 
 REDACTED: Final = "[REDACTED]"
+
+MAX_DEPTH: Final = 100
+"""How deep values are walked: a container nested deeper becomes :data:`REDACTED`."""
+
+# --- patterns ------------------------------------------------------------------------------------
 
 # Field names are compared normalised: lower-cased, without "-" and "_", so "x-api-key",
 # "x_api_key", "X-Api-Key" and "xApiKey" are one name.
@@ -85,6 +94,7 @@ def _may_hold_assignment(text: str) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_secret_key(key: str) -> bool:
     name = key.lower().replace("-", "").replace("_", "")
     return name in _SECRET_KEYS or name.endswith(_SECRET_SUFFIXES)
@@ -100,9 +110,20 @@ def redact_text(text: str) -> str:
     return _SECRET_PATTERN.sub(REDACTED, text) if _may_hold_pattern(text) else text
 
 
+def _redact_prose(text: str) -> str:
+    """:func:`redact_text`, and the values of ``name: value`` assignments of secret names."""
+    text = redact_text(text)
+    if _may_hold_assignment(text):
+        text = ASSIGNED_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
+
+
+# --- values ------------------------------------------------------------------------------------
+
+
 def redact(value: JsonValue) -> JsonValue:
     """A copy of a JSON value with secret-named fields and credential strings redacted."""
-    return _redacted(value, redact_text)
+    return _walk(value, json_in_strings=False)
 
 
 def redact_deep(value: JsonValue) -> JsonValue:
@@ -110,45 +131,121 @@ def redact_deep(value: JsonValue) -> JsonValue:
 
     Secret-named fields and credential-looking strings become ``[REDACTED]`` as in
     :func:`redact`; a string holding a JSON object, array or string (a tool's result, encoded)
-    is redacted as JSON, and stays byte-for-byte the same when nothing in it is secret;
-    ``name: value`` assignments of secret names in text lose their value.
+    is redacted as JSON, and stays byte-for-byte the same when nothing in it is secret (one
+    nested deeper than :data:`MAX_DEPTH` is cleaned as text); ``name: value`` assignments of
+    secret names in text lose their value.
     """
-    return _redacted(value, _redact_string)
-
-
-def _redacted(value: JsonValue, clean: Callable[[str], str]) -> JsonValue:
-    """``value`` with secret-named fields redacted and every other string ``clean``-ed."""
-    if isinstance(value, str):
-        return clean(value)
-    if isinstance(value, dict):
-        return {
-            key: REDACTED if _is_secret_key(key) and item is not None else _redacted(item, clean)
-            for key, item in value.items()
-        }
-    if isinstance(value, list):
-        return [_redacted(item, clean) for item in value]
-    return value
+    return _walk(value, json_in_strings=True)
 
 
 _JSON_OPENERS: Final = {"{": "}", "[": "]", '"': '"'}
+_COMPACT: Final[dict[str, Any]] = {"ensure_ascii": False, "separators": (",", ":")}
+_NOT_JSON: Final = object()
+_CONTAINERS: Final = (dict, list, tuple)
+_WALKED: Final = (str, dict, list, tuple)
 
 
-def _redact_string(text: str) -> str:
+def _may_be_json(text: str) -> bool:
+    head = text[:1]
+    return head in _JSON_OPENERS or head.isspace()
+
+
+def _parsed_json(text: str) -> object:
+    """The JSON value ``text`` holds if it is an object, array or string, else ``_NOT_JSON``."""
     stripped = text.strip()
-    if stripped[:1] in _JSON_OPENERS and stripped[-1:] == _JSON_OPENERS[stripped[0]]:
-        try:
-            parsed: JsonValue = json.loads(stripped)
-        except ValueError:
-            pass
+    if not (stripped[:1] in _JSON_OPENERS and stripped[-1:] == _JSON_OPENERS[stripped[0]]):
+        return _NOT_JSON
+    try:
+        return json.loads(stripped)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+class _Reencode:
+    """A step of the walk: put back a string whose JSON was walked, once its walk is done."""
+
+    __slots__ = ("changes", "cleaned", "overflows", "text")
+
+    def __init__(self, text: str, changes: int, overflows: int) -> None:
+        self.text = text
+        self.changes = changes
+        self.overflows = overflows
+        self.cleaned: list[Any] = [None]
+
+
+def _walk(value: object, *, json_in_strings: bool) -> JsonValue:
+    """A cleaned copy of ``value``, walked with a stack of its own (no recursion).
+
+    A step ``(item, where, slot, depth)`` cleans ``item`` into ``where[slot]``; strings that
+    hold no JSON are cleaned on the spot. Counting changes and overflows tells whether the JSON
+    held in a string was changed (then it is re-encoded) or nested too deep (then the string is
+    cleaned as text).
+    """
+    clean: Callable[[str], str] = _redact_prose if json_in_strings else redact_text
+    top: list[Any] = [None]
+    stack: list[tuple[object, Any, Any, int]] = [(value, top, 0, 0)]
+    changes = overflows = 0
+    while stack:
+        item, where, slot, depth = stack.pop()
+        if isinstance(item, str):
+            parsed = _parsed_json(item) if json_in_strings and depth < MAX_DEPTH else _NOT_JSON
+            if parsed is _NOT_JSON:
+                cleaned = clean(item)
+                changes += cleaned != item
+                where[slot] = cleaned
+            else:
+                step = _Reencode(item, changes, overflows)
+                stack += ((step, where, slot, depth), (parsed, step.cleaned, 0, depth + 1))
+            continue
+        if isinstance(item, _Reencode):
+            changes, overflows, where[slot] = _reencoded(item, changes, overflows)
+            continue
+        if not isinstance(item, _CONTAINERS):
+            where[slot] = item
+            continue
+        if depth >= MAX_DEPTH:
+            where[slot] = REDACTED
+            changes += 1
+            overflows += 1
+            continue
+        copy: Any
+        if isinstance(item, dict):
+            copy = {}
+            children: Any = item.items()
         else:
-            cleaned = redact_deep(parsed)
-            if cleaned == parsed:
-                return text
-            return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
-    text = redact_text(text)
-    if _may_hold_assignment(text):
-        text = ASSIGNED_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
-    return text
+            copy = list(item)
+            children = enumerate(copy)
+        where[slot] = copy
+        for key, child in children:
+            secret_field = copy.__class__ is dict and isinstance(key, str) and _is_secret_key(key)
+            if secret_field and child is not None:
+                copy[key] = REDACTED
+                changes += child != REDACTED
+                continue
+            if isinstance(child, str) and not (json_in_strings and _may_be_json(child)):
+                cleaned = clean(child)
+                changes += cleaned != child
+                copy[key] = cleaned
+            else:
+                copy[key] = child
+                if isinstance(child, _WALKED):
+                    stack.append((child, copy, key, depth + 1))
+    result: JsonValue = top[0]
+    return result
+
+
+def _reencoded(step: _Reencode, changes: int, overflows: int) -> tuple[int, int, str]:
+    """The counters after ``step``'s string is put back, and the string to put back."""
+    text = step.text
+    if overflows == step.overflows:
+        if changes == step.changes:
+            return changes, overflows, text
+        try:
+            return changes, overflows, json.dumps(step.cleaned[0], **_COMPACT)
+        except (ValueError, RecursionError):
+            pass
+    cleaned = _redact_prose(text)
+    return step.changes + (cleaned != text), step.overflows, cleaned
 
 
 def scrub(text: str, secret: str | None) -> str:

@@ -1,13 +1,15 @@
 """Secret redaction for events and logs [OP-35].
 
 Credential-looking strings and the values of secret-named fields become ``[REDACTED]`` at any
-depth; short look-alikes and ordinary values stay as they are.
+depth; short look-alikes and ordinary values stay as they are, and no input, however deep or
+malformed, makes redaction raise.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -16,6 +18,7 @@ from pydantic import JsonValue
 
 from agent_plugin.redaction import (
     ASSIGNED_SECRET,
+    MAX_DEPTH,
     REDACTED,
     looks_secret,
     redact,
@@ -327,3 +330,137 @@ def test_assignments_are_found_wherever_the_pattern_matches(text: str) -> None:
 )
 def test_assignments_with_unicode_case_variants_are_caught(text: str) -> None:
     assert "abc123" not in str(redact_deep(text))
+
+
+# --- never raising --------------------------------------------------------------------------
+
+
+def nested_lists(depth: int, bottom: JsonValue) -> JsonValue:
+    value = bottom
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def depth_of(value: JsonValue) -> int:
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack += [(child, depth + 1) for child in item.values()]
+        elif isinstance(item, list):
+            stack += [(child, depth + 1) for child in item]
+    return deepest
+
+
+@pytest.mark.parametrize("depth", [500, 5000])
+@pytest.mark.parametrize(
+    ("opening", "closing"), [("[", "]"), ('{"a":', "}"), ('["x",{"list":[', "]}]")]
+)
+def test_deeply_nested_json_in_a_string_is_cleaned_as_text(
+    depth: int, opening: str, closing: str
+) -> None:
+    """A prompt or a tool result holding JSON nested beyond MAX_DEPTH: text rules apply."""
+    plain = opening * depth + "1" + closing * depth
+    assert redact_deep(plain) == plain
+    assert redact_deep({"content": plain}) == {"content": plain}
+    leaky = opening * depth + f'{{"password":"hunter2-x","note":"{OPENAI_KEY}"}}' + closing * depth
+    for cleaned in (redact_deep(leaky), redact_deep([leaky]), redact(leaky)):
+        assert OPENAI_KEY not in str(cleaned)
+    assert "hunter2-x" not in str(redact_deep(leaky))
+
+
+def test_json_nested_within_the_bound_is_redacted_field_by_field() -> None:
+    depth = MAX_DEPTH - 10
+    held = json.dumps(nested_lists(depth, {"authorization": "opaque-value", "n": 1}))
+    cleaned = redact_deep({"result": held})
+    assert isinstance(cleaned, dict)
+    assert json.loads(str(cleaned["result"])) == nested_lists(
+        depth, {"authorization": REDACTED, "n": 1}
+    )
+
+
+@pytest.mark.parametrize("clean", [redact, redact_deep])
+def test_deeply_nested_values_are_cut_at_max_depth(clean: Callable[[JsonValue], JsonValue]) -> None:
+    value = nested_lists(10, {"token": "t-1", "deep": nested_lists(5000, f"see {JWT}")})
+    cleaned = clean(value)
+    assert depth_of(cleaned) == MAX_DEPTH
+    json.dumps(cleaned)  # shallow enough for any encoder
+    assert JWT not in json.dumps(cleaned)
+    top = cleaned
+    for _ in range(10):
+        assert isinstance(top, list)
+        [top] = top
+    assert isinstance(top, dict)
+    assert top["token"] == REDACTED
+    deepest = nested_lists(MAX_DEPTH - 11, REDACTED)
+    assert top["deep"] == deepest
+
+
+def test_values_that_hold_themselves_do_not_loop() -> None:
+    looped: dict[str, Any] = {"note": f"key {OPENAI_KEY}"}
+    looped["self"] = looped
+    chain: list[Any] = []
+    chain.append(chain)
+    for value in (looped, chain):
+        for clean in (redact, redact_deep):
+            cleaned = clean(value)
+            assert OPENAI_KEY not in repr(cleaned)
+            assert depth_of(cleaned) == MAX_DEPTH
+
+
+def test_values_outside_json_pass_through_or_are_read_as_json() -> None:
+    value: Any = {1: f"k {OPENAI_KEY}", None: ("a", f"b {JWT}"), "raw": b"bytes", "set": {1}}
+    assert redact(value) == {
+        1: f"k {REDACTED}",
+        None: ["a", f"b {REDACTED}"],
+        "raw": b"bytes",
+        "set": {1},
+    }
+
+
+_any_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
+_json_text = st.lists(
+    st.sampled_from(['{"a":', '{"token":', "[", "]", "}", '"', "\\", ",", ":", "1", " ", "x"]),
+    max_size=40,
+).map("".join)
+_deep_text = st.tuples(st.integers(0, 3000), st.sampled_from([("[", "]"), ('{"a":', "}")])).map(
+    lambda spec: spec[1][0] * spec[0] + "1" + spec[1][1] * spec[0]
+)
+_anything: st.SearchStrategy[Any] = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | _any_text
+    | _json_text
+    | _deep_text
+    | st.sampled_from([OPENAI_KEY, JWT, "password: hunter2"]),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(_any_text | st.sampled_from(["token", "Password"]), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(_anything)
+@settings(max_examples=300)
+def test_redaction_never_raises(value: Any) -> None:
+    redact(value)
+    redact_deep(value)
+    for text in (value, json.dumps(value, default=str), repr(value)):
+        if isinstance(text, str):
+            redact_text(text)
+            redact_deep(text)
+            looks_secret(text)
+            scrub(text, text[:9])
+
+
+@given(st.one_of(_any_text, _json_text, _deep_text))
+@settings(max_examples=300)
+def test_redaction_of_text_never_raises(text: str) -> None:
+    assert isinstance(redact_text(text), str)
+    assert isinstance(redact_deep(text), str)
