@@ -1,15 +1,25 @@
 """Secret redaction for everything that leaves the process: events, errors, logs and what is
 stored [OP-35].
 
-Three tools, one marker (:data:`REDACTED`), and none of them raises:
+Every tool below replaces what it finds with one marker, :data:`REDACTED`, and never raises:
 
-- :func:`redact` cleans tool arguments for in-process events: values of secret-named fields and
-  strings that look like credentials become ``"[REDACTED]"``.
-- :func:`redact_deep` is the stricter cleaning of everything that is published or stored (event
-  streams, the database): on top of :func:`redact` it looks into JSON held in strings (a tool
-  result) and drops the values of ``password: ...`` / ``api_key=...`` assignments in text.
-- :func:`scrub` removes one known secret (the provider API key) from a text, such as an error
+- :func:`redact_text` replaces known secret values and credential-looking substrings (``sk-...``
+  keys, GitHub tokens, JWTs, credentialed URLs, ``Bearer ...``) in a text.
+- :func:`redact` cleans a JSON value for in-process events: the values of secret-named fields
+  and, in every string, what :func:`redact_text` replaces.
+- :func:`redact_deep` is the stricter cleaning of what is published or stored: on top of
+  :func:`redact` it looks into JSON held in strings and drops the values of ``password: ...`` /
+  ``api_key=...`` assignments in text.
+- :func:`scrub` removes one given secret (and the known ones) from a text, such as an error
   message built from what a server echoed back.
+
+**Known secrets.** A secret of no familiar shape is redacted by value once it is registered with
+:func:`register_secret` (or for a block of code with :func:`registered_secrets`); every tool
+above honours it, also JSON-escaped or URL-encoded. A configured secret is a fact about the
+process, as a logging filter is, and redaction runs deep inside the core (events, stores, logs),
+so the registry is process-wide: registrations are counted (two apps may register one key; it
+stays known until both unregister), thread-safe, and values shorter than
+:data:`MIN_SECRET_LENGTH` are refused, so that a short value cannot redact common words.
 
 Values nest at most :data:`MAX_DEPTH` levels (JSON held in strings counts on): a deeper container
 becomes the marker, and a string holding JSON nested deeper is cleaned as text.
@@ -21,26 +31,150 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Final
+from urllib.parse import quote, quote_plus
 
 from pydantic import JsonValue
 
 __all__ = [
     "ASSIGNED_SECRET",
     "MAX_DEPTH",
+    "MIN_SECRET_LENGTH",
     "REDACTED",
     "looks_secret",
     "redact",
     "redact_deep",
     "redact_text",
+    "register_secret",
+    "registered_secrets",
     "scrub",
+    "unregister_secret",
 ]
 
 REDACTED: Final = "[REDACTED]"
 
+MIN_SECRET_LENGTH: Final = 8
+"""The shortest value :func:`register_secret` accepts; shorter ones are refused."""
+
 MAX_DEPTH: Final = 100
 """How deep values are walked: a container nested deeper becomes :data:`REDACTED`."""
+
+# --- known secret values -----------------------------------------------------------------------
+
+_PERCENT_ESCAPE: Final = re.compile(r"%[0-9A-F]{2}")
+
+
+def _written_forms(value: str) -> set[str]:
+    """``value`` as it is written in JSON strings and in URLs (either case of hex digits)."""
+    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
+    try:
+        encoded = {quote(value, safe=""), quote(value), quote_plus(value, safe="")}
+    except UnicodeEncodeError:  # a lone surrogate has no UTF-8 form, so no URL form either
+        return forms
+    forms |= encoded
+    forms |= {_PERCENT_ESCAPE.sub(lambda m: m.group().lower(), form) for form in encoded}
+    return forms
+
+
+class _KnownSecrets:
+    """A counted set of secret values and the tuple of their written forms, longest first.
+
+    Writers hold the lock and publish a new tuple; readers take the current tuple without it.
+    """
+
+    __slots__ = ("_counts", "_forms", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._forms: tuple[str, ...] = ()
+
+    def add(self, value: str | None) -> bool:
+        if not value or len(value) < MIN_SECRET_LENGTH or value in REDACTED:
+            return False
+        with self._lock:
+            count = self._counts.get(value, 0)
+            self._counts[value] = count + 1
+            if count == 0:
+                self._publish()
+        return True
+
+    def discard(self, value: str | None) -> None:
+        if not value:
+            return
+        with self._lock:
+            count = self._counts.get(value, 0)
+            if count > 1:
+                self._counts[value] = count - 1
+            elif count == 1:
+                del self._counts[value]
+                self._publish()
+
+    def _publish(self) -> None:
+        forms: set[str] = set()
+        for value in self._counts:
+            forms |= _written_forms(value)
+        self._forms = tuple(sorted(forms, key=len, reverse=True))
+
+    def redact(self, text: str) -> str:
+        """``text`` with every run of characters that belong to a known form replaced."""
+        forms = self._forms
+        if not forms:
+            return text
+        found = [form for form in forms if form in text]
+        if not found:
+            return text
+        spans: list[tuple[int, int]] = []
+        for form in found:
+            start = text.find(form)
+            while start >= 0:
+                spans.append((start, start + len(form)))
+                start = text.find(form, start + 1)
+        spans.sort()
+        pieces: list[str] = []
+        done = 0  # text[:done] is in pieces
+        run_start, run_end = spans[0]
+        for start, stop in spans[1:]:
+            if start > run_end:
+                pieces += (text[done:run_start], REDACTED)
+                done, run_start, run_end = run_end, start, stop
+            else:
+                run_end = max(run_end, stop)
+        pieces += (text[done:run_start], REDACTED, text[run_end:])
+        return "".join(pieces)
+
+
+_KNOWN: Final = _KnownSecrets()
+
+
+def register_secret(value: str | None) -> bool:
+    """Redact ``value`` by value from now on, wherever it appears, whatever its shape.
+
+    Returns whether it is now redacted: ``None``, ``""``, a value shorter than
+    :data:`MIN_SECRET_LENGTH` and a part of :data:`REDACTED` are refused (False). Registrations
+    are counted: each must be matched by one :func:`unregister_secret`.
+    """
+    return _KNOWN.add(value)
+
+
+def unregister_secret(value: str | None) -> None:
+    """Undo one :func:`register_secret` of ``value``; a value not registered is ignored."""
+    _KNOWN.discard(value)
+
+
+@contextmanager
+def registered_secrets(*values: str | None) -> Iterator[None]:
+    """Register ``values`` for the ``with`` block and unregister them after it."""
+    accepted = [value for value in values if register_secret(value)]
+    try:
+        yield
+    finally:
+        for value in accepted:
+            unregister_secret(value)
+
 
 # --- patterns ------------------------------------------------------------------------------------
 
@@ -57,7 +191,7 @@ _SECRET_PATTERN: Final = re.compile(
     r"|\b(?:Bearer|Basic)\s+[A-Za-z0-9._~+/\-]{16,}=*"  # authorization values
 )
 # Substrings without which _SECRET_PATTERN cannot match: checking them is much cheaper than the
-# pattern, which therefore runs only on texts that hold one.
+# pattern, which therefore runs only on texts that hold one. No match is shorter than 9.
 _PATTERN_HINTS: Final = ("sk-", "://", "eyJ", "Bearer", "Basic")
 
 ASSIGNED_SECRET: Final = re.compile(
@@ -101,13 +235,18 @@ def _is_secret_key(key: str) -> bool:
 
 
 def looks_secret(text: str) -> bool:
-    """Whether ``text`` holds something that looks like a credential."""
-    return _may_hold_pattern(text) and _SECRET_PATTERN.search(text) is not None
+    """Whether ``text`` holds a known secret value or something that looks like a credential."""
+    return redact_text(text) != text
 
 
 def redact_text(text: str) -> str:
-    """``text`` with every credential-looking substring replaced by ``[REDACTED]``."""
-    return _SECRET_PATTERN.sub(REDACTED, text) if _may_hold_pattern(text) else text
+    """``text`` with known secret values and credential-looking substrings replaced."""
+    if len(text) < MIN_SECRET_LENGTH:
+        return text
+    text = _KNOWN.redact(text)
+    if _may_hold_pattern(text):
+        text = _SECRET_PATTERN.sub(REDACTED, text)
+    return text
 
 
 def _redact_prose(text: str) -> str:
@@ -122,14 +261,14 @@ def _redact_prose(text: str) -> str:
 
 
 def redact(value: JsonValue) -> JsonValue:
-    """A copy of a JSON value with secret-named fields and credential strings redacted."""
+    """A copy of a JSON value with secret-named fields and secrets in strings and names redacted."""
     return _walk(value, json_in_strings=False)
 
 
 def redact_deep(value: JsonValue) -> JsonValue:
     """A copy of a JSON value cleaned of secrets everywhere, for what is published or stored.
 
-    Secret-named fields and credential-looking strings become ``[REDACTED]`` as in
+    Secret-named fields and secrets in strings (and in field names) become ``[REDACTED]`` as in
     :func:`redact`; a string holding a JSON object, array or string (a tool's result, encoded)
     is redacted as JSON, and stays byte-for-byte the same when nothing in it is secret (one
     nested deeper than :data:`MAX_DEPTH` is cleaned as text); ``name: value`` assignments of
@@ -217,19 +356,22 @@ def _walk(value: object, *, json_in_strings: bool) -> JsonValue:
             children = enumerate(copy)
         where[slot] = copy
         for key, child in children:
-            secret_field = copy.__class__ is dict and isinstance(key, str) and _is_secret_key(key)
-            if secret_field and child is not None:
-                copy[key] = REDACTED
-                changes += child != REDACTED
-                continue
+            name = key
+            if copy.__class__ is dict and isinstance(key, str):
+                name = redact_text(key)
+                changes += name != key
+                if child is not None and _is_secret_key(key):
+                    copy[name] = REDACTED
+                    changes += child != REDACTED
+                    continue
             if isinstance(child, str) and not (json_in_strings and _may_be_json(child)):
                 cleaned = clean(child)
                 changes += cleaned != child
-                copy[key] = cleaned
+                copy[name] = cleaned
             else:
-                copy[key] = child
+                copy[name] = child
                 if isinstance(child, _WALKED):
-                    stack.append((child, copy, key, depth + 1))
+                    stack.append((child, copy, name, depth + 1))
     result: JsonValue = top[0]
     return result
 
@@ -249,11 +391,12 @@ def _reencoded(step: _Reencode, changes: int, overflows: int) -> tuple[int, int,
 
 
 def scrub(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` replaced by ``[REDACTED]``.
+    """``text`` with every occurrence of ``secret`` and of the known secrets replaced.
 
     Unlike :func:`redact_text` this knows the exact secret, so it also catches keys of a shape
-    no pattern expects (a proxy's own tokens, say). No secret (None or ``""``) changes nothing.
+    no pattern expects (a proxy's own tokens, say). No secret (None or ``""``) leaves only the
+    known ones to replace.
     """
     if secret and secret in text:
-        return text.replace(secret, REDACTED)
-    return text
+        text = text.replace(secret, REDACTED)
+    return _KNOWN.redact(text)

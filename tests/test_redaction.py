@@ -1,15 +1,17 @@
 """Secret redaction for events and logs [OP-35].
 
-Credential-looking strings and the values of secret-named fields become ``[REDACTED]`` at any
-depth; short look-alikes and ordinary values stay as they are, and no input, however deep or
-malformed, makes redaction raise.
+Credential-looking strings, registered secret values and the values of secret-named fields
+become ``[REDACTED]`` at any depth; short look-alikes and ordinary values stay as they are, and
+no input, however deep or malformed, makes redaction raise.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import pytest
 from hypothesis import given, settings
@@ -19,12 +21,16 @@ from pydantic import JsonValue
 from agent_plugin.redaction import (
     ASSIGNED_SECRET,
     MAX_DEPTH,
+    MIN_SECRET_LENGTH,
     REDACTED,
     looks_secret,
     redact,
     redact_deep,
     redact_text,
+    register_secret,
+    registered_secrets,
     scrub,
+    unregister_secret,
 )
 
 ANTHROPIC_KEY = "sk-ant-api03-" + "Ab3_xY-9" * 6
@@ -449,14 +455,17 @@ _anything: st.SearchStrategy[Any] = st.recursive(
 @given(_anything)
 @settings(max_examples=300)
 def test_redaction_never_raises(value: Any) -> None:
-    redact(value)
-    redact_deep(value)
-    for text in (value, json.dumps(value, default=str), repr(value)):
-        if isinstance(text, str):
-            redact_text(text)
-            redact_deep(text)
-            looks_secret(text)
-            scrub(text, text[:9])
+    with registered_secrets(
+        "qz-registered-0123456789", '"quoted\\secret"ü', "lone-\ud800-surrogate"
+    ):
+        redact(value)
+        redact_deep(value)
+        for text in (value, json.dumps(value, default=str), repr(value)):
+            if isinstance(text, str):
+                redact_text(text)
+                redact_deep(text)
+                looks_secret(text)
+                scrub(text, text[:9])
 
 
 @given(st.one_of(_any_text, _json_text, _deep_text))
@@ -464,3 +473,138 @@ def test_redaction_never_raises(value: Any) -> None:
 def test_redaction_of_text_never_raises(text: str) -> None:
     assert isinstance(redact_text(text), str)
     assert isinstance(redact_deep(text), str)
+
+
+# --- known secrets: redaction by value ------------------------------------------------------
+
+UNFAMILIAR_KEY = "qz" + "0123456789abcdef" * 2 + "01234567"  # a gateway key: qz + 40 hex
+
+
+def test_an_unfamiliar_key_passes_until_it_is_registered() -> None:
+    text = f"the key is {UNFAMILIAR_KEY}."
+    assert not looks_secret(UNFAMILIAR_KEY)
+    assert redact_text(text) == text
+    with registered_secrets(UNFAMILIAR_KEY):
+        assert looks_secret(text)
+        assert redact_text(text) == f"the key is {REDACTED}."
+    assert redact_text(text) == text
+
+
+def test_every_tool_redacts_a_registered_secret() -> None:
+    key = UNFAMILIAR_KEY
+    with registered_secrets(key):
+        assert redact_text(f"x{key}y") == f"x{REDACTED}y"  # inside a larger word too
+        assert redact({"note": f"use {key}", key: [key]}) == {
+            "note": f"use {REDACTED}",
+            REDACTED: [REDACTED],
+        }
+        held = json.dumps({"result": {"echo": key}})
+        assert json.loads(str(redact_deep(json.dumps(held)))) == json.dumps(
+            {"result": {"echo": REDACTED}}, separators=(",", ":")
+        )
+        assert redact_deep(f"logged: {key}") == f"logged: {REDACTED}"
+        assert scrub(f"server said {key}", None) == f"server said {REDACTED}"
+        assert scrub(f"{key} and opaque-proxy-token", "opaque-proxy-token") == (
+            f"{REDACTED} and {REDACTED}"
+        )
+
+
+AWKWARD = 'pa"ss\\wörd/42 x+y&z'
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        json.dumps(AWKWARD),
+        json.dumps(AWKWARD, ensure_ascii=False),
+        quote(AWKWARD, safe=""),
+        quote(AWKWARD, safe="").lower(),
+        quote(AWKWARD),
+        quote_plus(AWKWARD),
+    ],
+    ids=["json", "json-unicode", "url", "url-lower-hex", "url-path", "url-plus"],
+)
+def test_a_registered_secret_is_found_json_escaped_and_url_encoded(written: str) -> None:
+    text = f"GET /login?next={written}&ok=1"
+    with registered_secrets(AWKWARD):
+        cleaned = redact_text(text)
+    assert REDACTED in cleaned
+    assert written.strip('"') not in cleaned
+    assert cleaned.startswith("GET /login?next=")
+    assert cleaned.endswith("&ok=1")
+
+
+@pytest.mark.parametrize(
+    "value", [None, "", "a", "1234567", "REDACTED", "[REDACTED", REDACTED, "EDACTED]"]
+)
+def test_empty_short_and_marker_values_are_refused(value: str | None) -> None:
+    assert not register_secret(value)
+    text = f"a 1234567 {REDACTED} stays"
+    assert redact_text(text) == text
+    unregister_secret(value)  # nothing to undo
+
+
+def test_the_shortest_accepted_value() -> None:
+    value = "x" * MIN_SECRET_LENGTH
+    try:
+        assert register_secret(value)
+        assert redact_text(f"{value[:-1]} {value}") == f"{value[:-1]} {REDACTED}"
+    finally:
+        unregister_secret(value)
+
+
+def test_registrations_are_counted() -> None:
+    text = f"key {UNFAMILIAR_KEY}"
+    assert register_secret(UNFAMILIAR_KEY)
+    assert register_secret(UNFAMILIAR_KEY)  # a second app in the process, say
+    unregister_secret(UNFAMILIAR_KEY)
+    assert redact_text(text) == f"key {REDACTED}"
+    unregister_secret(UNFAMILIAR_KEY)
+    assert redact_text(text) == text
+    unregister_secret(UNFAMILIAR_KEY)  # one too many changes nothing
+    assert redact_text(text) == text
+
+
+def test_registered_secrets_are_unregistered_after_an_error() -> None:
+    with pytest.raises(RuntimeError), registered_secrets(UNFAMILIAR_KEY, "short"):
+        raise RuntimeError
+    assert redact_text(UNFAMILIAR_KEY) == UNFAMILIAR_KEY
+
+
+@pytest.mark.parametrize(
+    ("secrets", "text"),
+    [
+        (["abcdefgh12", "gh12345678"], "<abcdefgh12345678>"),  # overlapping
+        (["hunter2hunter2", "hunter2hunter2hunter2"], "<hunter2hunter2hunter2>"),  # nested
+        (["aaaaaaaa"], "<aaaaaaaaaaaaaaaaaaaaa>"),  # overlapping with itself
+        (["secret-one-1", "secret-two-2"], "<secret-one-1secret-two-2>"),  # adjacent
+    ],
+)
+def test_overlapping_secrets_leave_no_fragment(secrets: list[str], text: str) -> None:
+    with registered_secrets(*secrets):
+        assert redact_text(text) == f"<{REDACTED}>"
+
+
+def test_known_secrets_are_thread_safe() -> None:
+    steady = "steady-secret-" + "9" * 20
+    errors: list[BaseException] = []
+
+    def churn(worker: int) -> None:
+        try:
+            for round_ in range(200):
+                mine = f"worker-{worker}-round-{round_}-value"
+                with registered_secrets(mine):
+                    cleaned = redact_text(f"{steady} {mine}")
+                    assert cleaned == f"{REDACTED} {REDACTED}", cleaned
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    with registered_secrets(steady):
+        threads = [threading.Thread(target=churn, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert redact_text("worker-3-round-7-value") == "worker-3-round-7-value"
+    assert redact_text(steady) == steady
