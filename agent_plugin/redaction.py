@@ -12,6 +12,8 @@ Every tool below replaces what it finds with one marker, :data:`REDACTED`, and n
   ``api_key=...`` assignments in text.
 - :func:`scrub` removes one given secret (and the known ones) from a text, such as an error
   message built from what a server echoed back.
+- :class:`RedactingFilter` (installed with :func:`redact_logs`) applies :func:`redact_deep`'s
+  text rules to log records.
 
 **Known secrets.** A secret of no familiar shape is redacted by value once it is registered with
 :func:`register_secret` (or for a block of code with :func:`registered_secrets`); every tool
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -44,9 +47,11 @@ __all__ = [
     "MAX_DEPTH",
     "MIN_SECRET_LENGTH",
     "REDACTED",
+    "RedactingFilter",
     "looks_secret",
     "redact",
     "redact_deep",
+    "redact_logs",
     "redact_text",
     "register_secret",
     "registered_secrets",
@@ -400,3 +405,55 @@ def scrub(text: str, secret: str | None) -> str:
     if secret and secret in text:
         text = text.replace(secret, REDACTED)
     return _KNOWN.redact(text)
+
+
+# --- logs ----------------------------------------------------------------------------------------
+
+_RECORD_FIELDS: Final = frozenset(
+    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
+)
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts log records, with the text rules of :func:`redact_deep`.
+
+    The message is formatted first (so secrets in arguments of any type are caught) and
+    replaces ``msg`` (``args`` become empty); a traceback is formatted into ``exc_text`` and
+    redacted, and so is ``stack_info``; string, list and dict fields added with ``extra=`` go
+    through :func:`redact_deep`. The record is always let through.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: keep the template, drop the arguments
+            message = str(record.msg) if isinstance(record.msg, str) else "<unformattable>"
+        record.msg, record.args = _text(message), ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = _text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = _text(record.stack_info)
+        for name, field in list(record.__dict__.items()):
+            if name not in _RECORD_FIELDS and isinstance(field, str | list | dict):
+                record.__dict__[name] = redact_deep(field)
+        return True
+
+
+def _text(text: str) -> str:
+    cleaned = redact_deep(text)
+    return cleaned if isinstance(cleaned, str) else text
+
+
+def redact_logs(*targets: logging.Logger | logging.Handler | str) -> None:
+    """Install one :class:`RedactingFilter` on each logger (or logger name) and handler.
+
+    A logger's filters see only the records logged on that very logger, not those of its
+    children: to cover a whole tree (``agent_plugin``, ``httpx``, ...) install the filter on the
+    handlers. Installing twice on one target adds nothing.
+    """
+    for target in targets:
+        where = logging.getLogger(target) if isinstance(target, str) else target
+        if not any(isinstance(f, RedactingFilter) for f in where.filters):
+            where.addFilter(RedactingFilter())

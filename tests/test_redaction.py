@@ -7,9 +7,11 @@ no input, however deep or malformed, makes redaction raise.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -23,9 +25,11 @@ from agent_plugin.redaction import (
     MAX_DEPTH,
     MIN_SECRET_LENGTH,
     REDACTED,
+    RedactingFilter,
     looks_secret,
     redact,
     redact_deep,
+    redact_logs,
     redact_text,
     register_secret,
     registered_secrets,
@@ -608,3 +612,64 @@ def test_known_secrets_are_thread_safe() -> None:
     assert errors == []
     assert redact_text("worker-3-round-7-value") == "worker-3-round-7-value"
     assert redact_text(steady) == steady
+
+
+# --- logs -------------------------------------------------------------------------------------
+
+
+class Holder:
+    def __repr__(self) -> str:
+        return f"Holder({UNFAMILIAR_KEY!r})"
+
+
+@pytest.fixture
+def logged() -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    logger = logging.getLogger("tests.redaction.logs")
+    output = io.StringIO()
+    handler = logging.StreamHandler(output)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s %(detail)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+    redact_logs(logger)
+    try:
+        with registered_secrets(UNFAMILIAR_KEY):
+            yield logger, output
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+        logger.filters.clear()
+
+
+def test_log_records_are_redacted(logged: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, output = logged
+    logger.warning("calling with %s and %r", UNFAMILIAR_KEY, Holder(), extra={"detail": ""})
+    logger.warning(f"password: hunter2-x, {OPENAI_KEY}", extra={"detail": {"token": "t-9"}})
+    try:
+        raise ValueError(f"upstream echoed {UNFAMILIAR_KEY}")
+    except ValueError:
+        logger.exception("failed", extra={"detail": f"dsn {CREDENTIALED_URLS[0]}"}, stack_info=True)
+    text = output.getvalue()
+    for leaked in (UNFAMILIAR_KEY, "hunter2-x", OPENAI_KEY, "t-9", CREDENTIALED_URLS[0]):
+        assert leaked not in text
+    assert f"calling with {REDACTED} and Holder('{REDACTED}')" in text
+    assert "ValueError: upstream echoed [REDACTED]" in text
+    assert "Stack (most recent call last)" in text
+
+
+def test_a_broken_log_call_is_let_through(logged: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, output = logged
+    logger.warning(f"{UNFAMILIAR_KEY} %s %s", "one", extra={"detail": ""})  # one argument short
+    assert UNFAMILIAR_KEY not in output.getvalue()
+    assert f"{REDACTED} %s %s" in output.getvalue()
+
+
+def test_redact_logs_installs_one_filter_per_target() -> None:
+    logger = logging.getLogger("tests.redaction.install")
+    handler = logging.NullHandler()
+    try:
+        redact_logs(logger, "tests.redaction.install", handler)
+        redact_logs(logger, handler)
+        assert [type(f) for f in logger.filters] == [RedactingFilter]
+        assert [type(f) for f in handler.filters] == [RedactingFilter]
+    finally:
+        logger.filters.clear()
