@@ -126,14 +126,14 @@ class _KnownSecrets:
 
     def redact(self, text: str) -> str:
         """``text`` with every run of characters that belong to a known form replaced."""
-        forms = self._forms
-        if not forms:
-            return text
-        found = [form for form in forms if form in text]
-        if not found:
+        forms = self._forms  # one snapshot: a registration may publish a new tuple meanwhile
+        for form in forms:
+            if form in text:
+                break
+        else:  # the common case: no secret at all
             return text
         spans: list[tuple[int, int]] = []
-        for form in found:
+        for form in forms:
             start = text.find(form)
             while start >= 0:
                 spans.append((start, start + len(form)))
@@ -286,12 +286,8 @@ _JSON_OPENERS: Final = {"{": "}", "[": "]", '"': '"'}
 _COMPACT: Final[dict[str, Any]] = {"ensure_ascii": False, "separators": (",", ":")}
 _NOT_JSON: Final = object()
 _CONTAINERS: Final = (dict, list, tuple)
-_WALKED: Final = (str, dict, list, tuple)
-
-
-def _may_be_json(text: str) -> bool:
-    head = text[:1]
-    return head in _JSON_OPENERS or head.isspace()
+_SHORTEST_MATCH: Final = len("token=x")
+"""No rule matches a shorter text: shorter strings are kept without a look."""
 
 
 def _parsed_json(text: str) -> object:
@@ -363,20 +359,25 @@ def _walk(value: object, *, json_in_strings: bool) -> JsonValue:
         for key, child in children:
             name = key
             if copy.__class__ is dict and isinstance(key, str):
-                name = redact_text(key)
-                changes += name != key
+                if len(key) >= _SHORTEST_MATCH:
+                    name = redact_text(key)
+                    changes += name != key
                 if child is not None and _is_secret_key(key):
                     copy[name] = REDACTED
                     changes += child != REDACTED
                     continue
-            if isinstance(child, str) and not (json_in_strings and _may_be_json(child)):
+            copy[name] = child
+            if isinstance(child, str):
+                if len(child) < _SHORTEST_MATCH:
+                    continue
+                if json_in_strings and (child[0] in _JSON_OPENERS or child[0].isspace()):
+                    stack.append((child, copy, name, depth + 1))
+                    continue
                 cleaned = clean(child)
                 changes += cleaned != child
                 copy[name] = cleaned
-            else:
-                copy[name] = child
-                if isinstance(child, _WALKED):
-                    stack.append((child, copy, name, depth + 1))
+            elif isinstance(child, _CONTAINERS):
+                stack.append((child, copy, name, depth + 1))
     result: JsonValue = top[0]
     return result
 
