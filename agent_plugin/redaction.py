@@ -233,8 +233,13 @@ def _may_hold_assignment(text: str) -> bool:
     )
 
 
-@functools.lru_cache(maxsize=4096)
 def _is_secret_key(key: str) -> bool:
+    # Field names repeat, so short ones are remembered; long ones (any size) are not kept.
+    return _is_secret_name(key) if len(key) <= 64 else _is_secret_name.__wrapped__(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_secret_name(key: str) -> bool:
     name = key.lower().replace("-", "").replace("_", "")
     return name in _SECRET_KEYS or name.endswith(_SECRET_SUFFIXES)
 

@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import threading
+import tracemalloc
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -428,6 +429,18 @@ def test_values_outside_json_pass_through_or_are_read_as_json() -> None:
         "raw": b"bytes",
         "set": {1},
     }
+
+
+def test_redaction_keeps_nothing_of_what_it_has_seen() -> None:
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for n in range(20):
+            redact_deep({f"field-{n}-" * 50_000: 1})  # field names of half a megabyte each
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after - before < 1_000_000
 
 
 _any_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
