@@ -20,7 +20,7 @@ Every tool below replaces what it finds with one marker, :data:`REDACTED`, and n
 above honours it, also JSON-escaped or URL-encoded. A configured secret is a fact about the
 process, as a logging filter is, and redaction runs deep inside the core (events, stores, logs),
 so the registry is process-wide: registrations are counted (two apps may register one key; it
-stays known until both unregister), thread-safe, and values shorter than
+stays known until both call :func:`unregister_secret`), thread-safe, and values shorter than
 :data:`MIN_SECRET_LENGTH` are refused, so that a short value cannot redact common words.
 
 Values nest at most :data:`MAX_DEPTH` levels (JSON held in strings counts on): a deeper container
