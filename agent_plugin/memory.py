@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -284,20 +285,32 @@ _SNAPSHOT_HEADER: Final = (
 )
 
 
+# "<" of anything a reader could take for a memory tag: "</memory>", "< / MEMORY", "<memory ...".
+_TAG_OPENER: Final = re.compile(r"<(?=\s*/?\s*memory)", re.IGNORECASE)
+
+
 def render_snapshot(blocks: Iterable[MemoryBlock]) -> str:
     """The ``## Memory`` section of the system prompt.
 
-    Rendered once per run: edits made during the run appear from the next run on.
+    Rendered once per run: edits made during the run appear from the next run on. The model
+    writes the entries, so none may leave its block: the ``<`` of anything like a memory tag in
+    an entry (or a description) is written ``&lt;``, and the lines after an entry's first are
+    indented, so they cannot pass for entries or headings of their own.
     """
     parts = [_SNAPSHOT_HEADER]
     for block in blocks:
         parts.append(
             f'\n<memory block="{block.label}" used="{block.used}/{block.limit}">\n'
-            f"{block.description}\n"
+            f"{_inert(block.description)}\n"
         )
-        parts.extend(f"- {entry}\n" for entry in block.entries)
+        parts.extend(f"- {_inert(entry)}\n" for entry in block.entries)
         parts.append("</memory>\n")
     return "".join(parts)
+
+
+def _inert(text: str) -> str:
+    """``text`` fit to stand inside a block: no memory tags, later lines indented."""
+    return "\n  ".join(_TAG_OPENER.sub("&lt;", text).splitlines())
 
 
 # --- stores ---------------------------------------------------------------------------------

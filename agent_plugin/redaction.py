@@ -1,39 +1,187 @@
 """Secret redaction for everything that leaves the process: events, errors, logs and what is
 stored [OP-35].
 
-Three tools, one marker (:data:`REDACTED`):
+Every tool below replaces what it finds with one marker, :data:`REDACTED`, and never raises:
 
-- :func:`redact` cleans tool arguments for in-process events: values of secret-named fields and
-  strings that look like credentials become ``"[REDACTED]"``.
-- :func:`redact_deep` is the stricter cleaning of everything that is published or stored (event
-  streams, the database): on top of :func:`redact` it looks into JSON held in strings (a tool
-  result) and drops the values of ``password: ...`` / ``api_key=...`` assignments in text.
-- :func:`scrub` removes one known secret (the provider API key) from a text, such as an error
+- :func:`redact_text` replaces known secret values and credential-looking substrings (``sk-...``
+  keys, GitHub tokens, JWTs, credentialed URLs, ``Bearer ...``) in a text.
+- :func:`redact` cleans a JSON value for in-process events: the values of secret-named fields
+  and, in every string, what :func:`redact_text` replaces.
+- :func:`redact_deep` is the stricter cleaning of what is published or stored: on top of
+  :func:`redact` it looks into JSON held in strings and drops the values of ``password: ...`` /
+  ``api_key=...`` assignments in text.
+- :func:`scrub` removes one given secret (and the known ones) from a text, such as an error
   message built from what a server echoed back.
+- :class:`RedactingFilter` (installed with :func:`redact_logs`) applies :func:`redact_deep`'s
+  text rules to log records.
 
+**Known secrets.** A secret of no familiar shape is redacted by value once it is registered with
+:func:`register_secret` (or for a block of code with :func:`registered_secrets`); every tool
+above honours it, also JSON-escaped or URL-encoded. A configured secret is a fact about the
+process, as a logging filter is, and redaction runs deep inside the core (events, stores, logs),
+so the registry is process-wide: registrations are counted (two apps may register one key; it
+stays known until both call :func:`unregister_secret`), thread-safe, and values shorter than
+:data:`MIN_SECRET_LENGTH` are refused, so that a short value cannot redact common words.
+
+Values nest at most :data:`MAX_DEPTH` levels (JSON held in strings counts on): a deeper container
+becomes the marker, and a string holding JSON nested deeper is cleaned as text.
 What the provider sees is never altered: redaction applies to copies that leave the run.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import re
-from collections.abc import Callable
-from typing import Final
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+from urllib.parse import quote, quote_plus
 
 from pydantic import JsonValue
 
 __all__ = [
     "ASSIGNED_SECRET",
+    "MAX_DEPTH",
+    "MIN_SECRET_LENGTH",
     "REDACTED",
+    "RedactingFilter",
     "looks_secret",
     "redact",
     "redact_deep",
+    "redact_logs",
     "redact_text",
+    "register_secret",
+    "registered_secrets",
     "scrub",
+    "unregister_secret",
 ]
 
 REDACTED: Final = "[REDACTED]"
+
+MIN_SECRET_LENGTH: Final = 8
+"""The shortest value :func:`register_secret` accepts; shorter ones are refused."""
+
+MAX_DEPTH: Final = 100
+"""How deep values are walked: a container nested deeper becomes :data:`REDACTED`."""
+
+# --- known secret values -----------------------------------------------------------------------
+
+_PERCENT_ESCAPE: Final = re.compile(r"%[0-9A-F]{2}")
+
+
+def _written_forms(value: str) -> set[str]:
+    """``value`` as it is written in JSON strings and in URLs (either case of hex digits)."""
+    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
+    try:
+        encoded = {quote(value, safe=""), quote(value), quote_plus(value, safe="")}
+    except UnicodeEncodeError:  # a lone surrogate has no UTF-8 form, so no URL form either
+        return forms
+    forms |= encoded
+    forms |= {_PERCENT_ESCAPE.sub(lambda m: m.group().lower(), form) for form in encoded}
+    return forms
+
+
+class _KnownSecrets:
+    """A counted set of secret values and the tuple of their written forms, longest first.
+
+    Writers hold the lock and publish a new tuple; readers take the current tuple without it.
+    """
+
+    __slots__ = ("_counts", "_forms", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._forms: tuple[str, ...] = ()
+
+    def add(self, value: str | None) -> bool:
+        if not value or len(value) < MIN_SECRET_LENGTH or value in REDACTED:
+            return False
+        with self._lock:
+            count = self._counts.get(value, 0)
+            self._counts[value] = count + 1
+            if count == 0:
+                self._publish()
+        return True
+
+    def discard(self, value: str | None) -> None:
+        if not value:
+            return
+        with self._lock:
+            count = self._counts.get(value, 0)
+            if count > 1:
+                self._counts[value] = count - 1
+            elif count == 1:
+                del self._counts[value]
+                self._publish()
+
+    def _publish(self) -> None:
+        forms: set[str] = set()
+        for value in self._counts:
+            forms |= _written_forms(value)
+        self._forms = tuple(sorted(forms, key=len, reverse=True))
+
+    def redact(self, text: str) -> str:
+        """``text`` with every run of characters that belong to a known form replaced."""
+        forms = self._forms  # one snapshot: a registration may publish a new tuple meanwhile
+        for form in forms:
+            if form in text:
+                break
+        else:  # the common case: no secret at all
+            return text
+        spans: list[tuple[int, int]] = []
+        for form in forms:
+            start = text.find(form)
+            while start >= 0:
+                spans.append((start, start + len(form)))
+                start = text.find(form, start + 1)
+        spans.sort()
+        pieces: list[str] = []
+        done = 0  # text[:done] is in pieces
+        run_start, run_end = spans[0]
+        for start, stop in spans[1:]:
+            if start > run_end:
+                pieces += (text[done:run_start], REDACTED)
+                done, run_start, run_end = run_end, start, stop
+            else:
+                run_end = max(run_end, stop)
+        pieces += (text[done:run_start], REDACTED, text[run_end:])
+        return "".join(pieces)
+
+
+_KNOWN: Final = _KnownSecrets()
+
+
+def register_secret(value: str | None) -> bool:
+    """Redact ``value`` by value from now on, wherever it appears, whatever its shape.
+
+    Returns whether it is now redacted: ``None``, ``""``, a value shorter than
+    :data:`MIN_SECRET_LENGTH` and a part of :data:`REDACTED` are refused (False). Registrations
+    are counted: each must be matched by one :func:`unregister_secret`.
+    """
+    return _KNOWN.add(value)
+
+
+def unregister_secret(value: str | None) -> None:
+    """Undo one :func:`register_secret` of ``value``; a value not registered is ignored."""
+    _KNOWN.discard(value)
+
+
+@contextmanager
+def registered_secrets(*values: str | None) -> Iterator[None]:
+    """Register ``values`` for the ``with`` block and unregister them after it."""
+    accepted = [value for value in values if register_secret(value)]
+    try:
+        yield
+    finally:
+        for value in accepted:
+            unregister_secret(value)
+
+
+# --- patterns ------------------------------------------------------------------------------------
 
 # Field names are compared normalised: lower-cased, without "-" and "_", so "x-api-key",
 # "x_api_key", "X-Api-Key" and "xApiKey" are one name.
@@ -47,6 +195,9 @@ _SECRET_PATTERN: Final = re.compile(
     r"|\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"  # JWTs
     r"|\b(?:Bearer|Basic)\s+[A-Za-z0-9._~+/\-]{16,}=*"  # authorization values
 )
+# Substrings without which _SECRET_PATTERN cannot match: checking them is much cheaper than the
+# pattern, which therefore runs only on texts that hold one. No match is shorter than 9.
+_PATTERN_HINTS: Final = ("sk-", "://", "eyJ", "Bearer", "Basic")
 
 ASSIGNED_SECRET: Final = re.compile(
     r"(?i)(\b[\w.-]*(?:password|passwd|secret|token|api[_-]?key|private[_-]?key)"
@@ -56,75 +207,259 @@ ASSIGNED_SECRET: Final = re.compile(
 """``password: hunter2``, ``api_key="..."``, ``?token=...``: the name stays, the value goes."""
 
 
+def _may_hold_pattern(text: str) -> bool:
+    for hint in _PATTERN_HINTS:
+        if hint in text:
+            return True
+    return "_" in text and ("gh" in text or "github_pat_" in text)
+
+
+def _may_hold_assignment(text: str) -> bool:
+    """False only if :data:`ASSIGNED_SECRET` cannot match ``text``.
+
+    Case-folded, every letter the pattern matches ignoring case is its ASCII letter, except the
+    dotless "ı" (which the pattern takes for "i"), hence the one replacement.
+    """
+    if ":" not in text and "=" not in text:
+        return False
+    folded = text.casefold()
+    if "ı" in folded:
+        folded = folded.replace("ı", "i")
+    return (
+        "passw" in folded
+        or "secret" in folded
+        or "token" in folded
+        or ("key" in folded and ("api" in folded or "private" in folded))
+    )
+
+
 def _is_secret_key(key: str) -> bool:
+    # Field names repeat, so short ones are remembered; long ones (any size) are not kept.
+    return _is_secret_name(key) if len(key) <= 64 else _is_secret_name.__wrapped__(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_secret_name(key: str) -> bool:
     name = key.lower().replace("-", "").replace("_", "")
     return name in _SECRET_KEYS or name.endswith(_SECRET_SUFFIXES)
 
 
 def looks_secret(text: str) -> bool:
-    """Whether ``text`` holds something that looks like a credential."""
-    return _SECRET_PATTERN.search(text) is not None
+    """Whether ``text`` holds a known secret value or something that looks like a credential."""
+    return redact_text(text) != text
 
 
 def redact_text(text: str) -> str:
-    """``text`` with every credential-looking substring replaced by ``[REDACTED]``."""
-    return _SECRET_PATTERN.sub(REDACTED, text)
+    """``text`` with known secret values and credential-looking substrings replaced."""
+    if len(text) < MIN_SECRET_LENGTH:
+        return text
+    text = _KNOWN.redact(text)
+    if _may_hold_pattern(text):
+        text = _SECRET_PATTERN.sub(REDACTED, text)
+    return text
+
+
+def _redact_prose(text: str) -> str:
+    """:func:`redact_text`, and the values of ``name: value`` assignments of secret names."""
+    text = redact_text(text)
+    if _may_hold_assignment(text):
+        text = ASSIGNED_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
+
+
+# --- values ------------------------------------------------------------------------------------
 
 
 def redact(value: JsonValue) -> JsonValue:
-    """A copy of a JSON value with secret-named fields and credential strings redacted."""
-    return _redacted(value, redact_text)
+    """A copy of a JSON value with secret-named fields and secrets in strings and names redacted."""
+    return _walk(value, json_in_strings=False)
 
 
 def redact_deep(value: JsonValue) -> JsonValue:
     """A copy of a JSON value cleaned of secrets everywhere, for what is published or stored.
 
-    Secret-named fields and credential-looking strings become ``[REDACTED]`` as in
+    Secret-named fields and secrets in strings (and in field names) become ``[REDACTED]`` as in
     :func:`redact`; a string holding a JSON object, array or string (a tool's result, encoded)
-    is redacted as JSON, and stays byte-for-byte the same when nothing in it is secret;
-    ``name: value`` assignments of secret names in text lose their value.
+    is redacted as JSON, and stays byte-for-byte the same when nothing in it is secret (one
+    nested deeper than :data:`MAX_DEPTH` is cleaned as text); ``name: value`` assignments of
+    secret names in text lose their value.
     """
-    return _redacted(value, _redact_string)
-
-
-def _redacted(value: JsonValue, clean: Callable[[str], str]) -> JsonValue:
-    """``value`` with secret-named fields redacted and every other string ``clean``-ed."""
-    if isinstance(value, str):
-        return clean(value)
-    if isinstance(value, dict):
-        return {
-            key: REDACTED if _is_secret_key(key) and item is not None else _redacted(item, clean)
-            for key, item in value.items()
-        }
-    if isinstance(value, list):
-        return [_redacted(item, clean) for item in value]
-    return value
+    return _walk(value, json_in_strings=True)
 
 
 _JSON_OPENERS: Final = {"{": "}", "[": "]", '"': '"'}
+_COMPACT: Final[dict[str, Any]] = {"ensure_ascii": False, "separators": (",", ":")}
+_NOT_JSON: Final = object()
+_CONTAINERS: Final = (dict, list, tuple)
+_SHORTEST_MATCH: Final = len("token=x")
+"""No rule matches a shorter text: shorter strings are kept without a look."""
 
 
-def _redact_string(text: str) -> str:
+def _parsed_json(text: str) -> object:
+    """The JSON value ``text`` holds if it is an object, array or string, else ``_NOT_JSON``."""
     stripped = text.strip()
-    if stripped[:1] in _JSON_OPENERS and stripped[-1:] == _JSON_OPENERS[stripped[0]]:
-        try:
-            parsed: JsonValue = json.loads(stripped)
-        except ValueError:
-            pass
+    if not (stripped[:1] in _JSON_OPENERS and stripped[-1:] == _JSON_OPENERS[stripped[0]]):
+        return _NOT_JSON
+    try:
+        return json.loads(stripped)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+class _Reencode:
+    """A step of the walk: put back a string whose JSON was walked, once its walk is done."""
+
+    __slots__ = ("changes", "cleaned", "overflows", "text")
+
+    def __init__(self, text: str, changes: int, overflows: int) -> None:
+        self.text = text
+        self.changes = changes
+        self.overflows = overflows
+        self.cleaned: list[Any] = [None]
+
+
+def _walk(value: object, *, json_in_strings: bool) -> JsonValue:
+    """A cleaned copy of ``value``, walked with a stack of its own (no recursion).
+
+    A step ``(item, where, slot, depth)`` cleans ``item`` into ``where[slot]``; strings that
+    hold no JSON are cleaned on the spot. Counting changes and overflows tells whether the JSON
+    held in a string was changed (then it is re-encoded) or nested too deep (then the string is
+    cleaned as text).
+    """
+    clean: Callable[[str], str] = _redact_prose if json_in_strings else redact_text
+    top: list[Any] = [None]
+    stack: list[tuple[object, Any, Any, int]] = [(value, top, 0, 0)]
+    changes = overflows = 0
+    while stack:
+        item, where, slot, depth = stack.pop()
+        if isinstance(item, str):
+            parsed = _parsed_json(item) if json_in_strings and depth < MAX_DEPTH else _NOT_JSON
+            if parsed is _NOT_JSON:
+                cleaned = clean(item)
+                changes += cleaned != item
+                where[slot] = cleaned
+            else:
+                step = _Reencode(item, changes, overflows)
+                stack += ((step, where, slot, depth), (parsed, step.cleaned, 0, depth + 1))
+            continue
+        if isinstance(item, _Reencode):
+            changes, overflows, where[slot] = _reencoded(item, changes, overflows)
+            continue
+        if not isinstance(item, _CONTAINERS):
+            where[slot] = item
+            continue
+        if depth >= MAX_DEPTH:
+            where[slot] = REDACTED
+            changes += 1
+            overflows += 1
+            continue
+        copy: Any
+        if isinstance(item, dict):
+            copy = {}
+            children: Any = item.items()
         else:
-            cleaned = redact_deep(parsed)
-            if cleaned == parsed:
-                return text
-            return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"))
-    return ASSIGNED_SECRET.sub(lambda m: m.group(1) + REDACTED, redact_text(text))
+            copy = list(item)
+            children = enumerate(copy)
+        where[slot] = copy
+        for key, child in children:
+            name = key
+            if copy.__class__ is dict and isinstance(key, str):
+                if len(key) >= _SHORTEST_MATCH:
+                    name = redact_text(key)
+                    changes += name != key
+                if child is not None and _is_secret_key(key):
+                    copy[name] = REDACTED
+                    changes += child != REDACTED
+                    continue
+            copy[name] = child
+            if isinstance(child, str):
+                if len(child) < _SHORTEST_MATCH:
+                    continue
+                if json_in_strings and (child[0] in _JSON_OPENERS or child[0].isspace()):
+                    stack.append((child, copy, name, depth + 1))
+                    continue
+                cleaned = clean(child)
+                changes += cleaned != child
+                copy[name] = cleaned
+            elif isinstance(child, _CONTAINERS):
+                stack.append((child, copy, name, depth + 1))
+    result: JsonValue = top[0]
+    return result
+
+
+def _reencoded(step: _Reencode, changes: int, overflows: int) -> tuple[int, int, str]:
+    """The counters after ``step``'s string is put back, and the string to put back."""
+    text = step.text
+    if overflows == step.overflows:
+        if changes == step.changes:
+            return changes, overflows, text
+        try:
+            return changes, overflows, json.dumps(step.cleaned[0], **_COMPACT)
+        except (ValueError, RecursionError):
+            pass
+    cleaned = _redact_prose(text)
+    return step.changes + (cleaned != text), step.overflows, cleaned
 
 
 def scrub(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` replaced by ``[REDACTED]``.
+    """``text`` with every occurrence of ``secret`` and of the known secrets replaced.
 
     Unlike :func:`redact_text` this knows the exact secret, so it also catches keys of a shape
-    no pattern expects (a proxy's own tokens, say). No secret (None or ``""``) changes nothing.
+    no pattern expects (a proxy's own tokens, say). No secret (None or ``""``) leaves only the
+    known ones to replace.
     """
     if secret and secret in text:
-        return text.replace(secret, REDACTED)
-    return text
+        text = text.replace(secret, REDACTED)
+    return _KNOWN.redact(text)
+
+
+# --- logs ----------------------------------------------------------------------------------------
+
+_RECORD_FIELDS: Final = frozenset(
+    logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
+)
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts log records, with the text rules of :func:`redact_deep`.
+
+    The message is formatted first (so secrets in arguments of any type are caught) and
+    replaces ``msg`` (``args`` become empty); a traceback is formatted into ``exc_text`` and
+    redacted, and so is ``stack_info``; string, list and dict fields added with ``extra=`` go
+    through :func:`redact_deep`. The record is always let through.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: keep the template, drop the arguments
+            message = str(record.msg) if isinstance(record.msg, str) else "<unformattable>"
+        record.msg, record.args = _text(message), ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = _text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = _text(record.stack_info)
+        for name, field in list(record.__dict__.items()):
+            if name not in _RECORD_FIELDS and isinstance(field, str | list | dict):
+                record.__dict__[name] = redact_deep(field)
+        return True
+
+
+def _text(text: str) -> str:
+    cleaned = redact_deep(text)
+    return cleaned if isinstance(cleaned, str) else text
+
+
+def redact_logs(*targets: logging.Logger | logging.Handler | str) -> None:
+    """Install one :class:`RedactingFilter` on each logger (or logger name) and handler.
+
+    A logger's filters see only the records logged on that very logger, not those of its
+    children: to cover a whole tree (``agent_plugin``, ``httpx``, ...) install the filter on the
+    handlers. Installing twice on one target adds nothing.
+    """
+    for target in targets:
+        where = logging.getLogger(target) if isinstance(target, str) else target
+        if not any(isinstance(f, RedactingFilter) for f in where.filters):
+            where.addFilter(RedactingFilter())

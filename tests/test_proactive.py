@@ -187,13 +187,15 @@ class Runner:
         if session is None:
             outcome = (await agent.run(prompt, options=RunOptions(run_id="run_tick"))).outcome
         else:
-            turn = await sessions.run(
-                agent,
-                prompt,
-                session=session,
-                store=self.store,
-                options=RunOptions(run_id="run_tick"),
-            )
+            turn = (
+                await sessions.run(
+                    agent,
+                    prompt,
+                    session=session,
+                    store=self.store,
+                    options=RunOptions(run_id="run_tick"),
+                )
+            ).outcome
             outcome = turn.outcome
         await deliver_outcome(
             self.delivery, outcome, source=ReportSource.HEARTBEAT, run_id="run_tick",
@@ -700,6 +702,27 @@ def test_webhook_signatures_verify_only_the_real_thing() -> None:
     assert not verify_webhook(SECRET, body, timestamp=later, signature=good, now=now)
     assert not verify_webhook(SECRET, body, timestamp=stamp, signature=good, now=now + 301)
     assert not verify_webhook(SECRET, body, timestamp="soon", signature=good, now=now)
+
+
+@pytest.mark.parametrize(
+    ("timestamp", "signature"),
+    [
+        pytest.param("1700000000", "sha256=" + "é" * 64, id="non-ascii signature"),
+        pytest.param("1700000000", "sha256=\ud800", id="lone surrogate"),
+        pytest.param("1700000000", "", id="empty signature"),
+        pytest.param("9" * 4000, "sha256=00", id="timestamp too large for the clock"),
+        pytest.param("9" * 5000, "sha256=00", id="more digits than int reads"),
+        pytest.param("١٧٠٠٠٠٠٠٠٠", "sha256=00", id="non-ascii digits"),
+        pytest.param("", "sha256=00", id="empty timestamp"),
+    ],
+)
+def test_malformed_webhook_headers_are_refused_without_raising(
+    timestamp: str, signature: str
+) -> None:
+    body = b'{"text":"hi"}'
+    assert (
+        verify_webhook(SECRET, body, timestamp=timestamp, signature=signature, now=1.7e9) is False
+    )
 
 
 async def test_failing_and_hanging_webhooks_do_not_raise(

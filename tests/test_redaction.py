@@ -1,13 +1,20 @@
 """Secret redaction for events and logs [OP-35].
 
-Credential-looking strings and the values of secret-named fields become ``[REDACTED]`` at any
-depth; short look-alikes and ordinary values stay as they are.
+Credential-looking strings, registered secret values and the values of secret-named fields
+become ``[REDACTED]`` at any depth; short look-alikes and ordinary values stay as they are, and
+no input, however deep or malformed, makes redaction raise.
 """
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Callable
+import logging
+import threading
+import tracemalloc
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import quote, quote_plus
 
 import pytest
 from hypothesis import given, settings
@@ -15,12 +22,20 @@ from hypothesis import strategies as st
 from pydantic import JsonValue
 
 from agent_plugin.redaction import (
+    ASSIGNED_SECRET,
+    MAX_DEPTH,
+    MIN_SECRET_LENGTH,
     REDACTED,
+    RedactingFilter,
     looks_secret,
     redact,
     redact_deep,
+    redact_logs,
     redact_text,
+    register_secret,
+    registered_secrets,
     scrub,
+    unregister_secret,
 )
 
 ANTHROPIC_KEY = "sk-ant-api03-" + "Ab3_xY-9" * 6
@@ -296,3 +311,378 @@ def test_scrub_without_a_secret_changes_nothing(secret: str | None) -> None:
 
 def test_scrub_leaves_text_without_the_secret_alone() -> None:
     assert scrub(f"see {OPENAI_KEY}", "another-secret-value") == f"see {OPENAI_KEY}"
+
+
+# --- the cheap checks before the patterns -------------------------------------------------------
+
+_ASSIGNMENT_PIECES = [
+    "password", "PassWord", "paſſword", "passwd", "secret", "SECRET", "token", "toKen",
+    "api_key", "apı-key", "APIKEY", "private_key", "prıvatekey", "key", "api", "a", "x1",
+    ":", "=", " ", '"', "'", ";", ",", "&", "}", "]", "-", ".", "_", "\n",
+]  # fmt: skip
+
+
+@given(st.lists(st.sampled_from(_ASSIGNMENT_PIECES), max_size=14).map("".join))
+@settings(max_examples=300)
+def test_assignments_are_found_wherever_the_pattern_matches(text: str) -> None:
+    prose = "note " + text  # not JSON: cleaned as text
+    expected = ASSIGNED_SECRET.sub(lambda m: m.group(1) + REDACTED, redact_text(prose))
+    assert redact_deep(prose) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "apıkey=abc123",  # a dotless i matches "i" ignoring case
+        "prıvate-key: abc123",
+        "paſſword: abc123",  # a long s matches "s" ignoring case
+        "toKen=abc123",  # the Kelvin sign matches "k" ignoring case
+    ],
+)
+def test_assignments_with_unicode_case_variants_are_caught(text: str) -> None:
+    assert "abc123" not in str(redact_deep(text))
+
+
+# --- never raising --------------------------------------------------------------------------
+
+
+def nested_lists(depth: int, bottom: JsonValue) -> JsonValue:
+    value = bottom
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def depth_of(value: JsonValue) -> int:
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack += [(child, depth + 1) for child in item.values()]
+        elif isinstance(item, list):
+            stack += [(child, depth + 1) for child in item]
+    return deepest
+
+
+@pytest.mark.parametrize("depth", [500, 5000])
+@pytest.mark.parametrize(
+    ("opening", "closing"), [("[", "]"), ('{"a":', "}"), ('["x",{"list":[', "]}]")]
+)
+def test_deeply_nested_json_in_a_string_is_cleaned_as_text(
+    depth: int, opening: str, closing: str
+) -> None:
+    """A prompt or a tool result holding JSON nested beyond MAX_DEPTH: text rules apply."""
+    plain = opening * depth + "1" + closing * depth
+    assert redact_deep(plain) == plain
+    assert redact_deep({"content": plain}) == {"content": plain}
+    leaky = opening * depth + f'{{"password":"hunter2-x","note":"{OPENAI_KEY}"}}' + closing * depth
+    for cleaned in (redact_deep(leaky), redact_deep([leaky]), redact(leaky)):
+        assert OPENAI_KEY not in str(cleaned)
+    assert "hunter2-x" not in str(redact_deep(leaky))
+
+
+def test_json_nested_within_the_bound_is_redacted_field_by_field() -> None:
+    depth = MAX_DEPTH - 10
+    held = json.dumps(nested_lists(depth, {"authorization": "opaque-value", "n": 1}))
+    cleaned = redact_deep({"result": held})
+    assert isinstance(cleaned, dict)
+    assert json.loads(str(cleaned["result"])) == nested_lists(
+        depth, {"authorization": REDACTED, "n": 1}
+    )
+
+
+@pytest.mark.parametrize("clean", [redact, redact_deep])
+def test_deeply_nested_values_are_cut_at_max_depth(clean: Callable[[JsonValue], JsonValue]) -> None:
+    value = nested_lists(10, {"token": "t-1", "deep": nested_lists(5000, f"see {JWT}")})
+    cleaned = clean(value)
+    assert depth_of(cleaned) == MAX_DEPTH
+    json.dumps(cleaned)  # shallow enough for any encoder
+    assert JWT not in json.dumps(cleaned)
+    top = cleaned
+    for _ in range(10):
+        assert isinstance(top, list)
+        [top] = top
+    assert isinstance(top, dict)
+    assert top["token"] == REDACTED
+    deepest = nested_lists(MAX_DEPTH - 11, REDACTED)
+    assert top["deep"] == deepest
+
+
+def test_values_that_hold_themselves_do_not_loop() -> None:
+    looped: dict[str, Any] = {"note": f"key {OPENAI_KEY}"}
+    looped["self"] = looped
+    chain: list[Any] = []
+    chain.append(chain)
+    for value in (looped, chain):
+        for clean in (redact, redact_deep):
+            cleaned = clean(value)
+            assert OPENAI_KEY not in repr(cleaned)
+            assert depth_of(cleaned) == MAX_DEPTH
+
+
+def test_values_outside_json_pass_through_or_are_read_as_json() -> None:
+    value: Any = {1: f"k {OPENAI_KEY}", None: ("a", f"b {JWT}"), "raw": b"bytes", "set": {1}}
+    assert redact(value) == {
+        1: f"k {REDACTED}",
+        None: ["a", f"b {REDACTED}"],
+        "raw": b"bytes",
+        "set": {1},
+    }
+
+
+def test_redaction_keeps_nothing_of_what_it_has_seen() -> None:
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for n in range(20):
+            redact_deep({f"field-{n}-" * 50_000: 1})  # field names of half a megabyte each
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after - before < 1_000_000
+
+
+_any_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
+_json_text = st.lists(
+    st.sampled_from(['{"a":', '{"token":', "[", "]", "}", '"', "\\", ",", ":", "1", " ", "x"]),
+    max_size=40,
+).map("".join)
+_deep_text = st.tuples(st.integers(0, 3000), st.sampled_from([("[", "]"), ('{"a":', "}")])).map(
+    lambda spec: spec[1][0] * spec[0] + "1" + spec[1][1] * spec[0]
+)
+_anything: st.SearchStrategy[Any] = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | _any_text
+    | _json_text
+    | _deep_text
+    | st.sampled_from([OPENAI_KEY, JWT, "password: hunter2"]),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(_any_text | st.sampled_from(["token", "Password"]), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(_anything)
+@settings(max_examples=300)
+def test_redaction_never_raises(value: Any) -> None:
+    with registered_secrets(
+        "qz-registered-0123456789", '"quoted\\secret"ü', "lone-\ud800-surrogate"
+    ):
+        redact(value)
+        redact_deep(value)
+        for text in (value, json.dumps(value, default=str), repr(value)):
+            if isinstance(text, str):
+                redact_text(text)
+                redact_deep(text)
+                looks_secret(text)
+                scrub(text, text[:9])
+
+
+@given(st.one_of(_any_text, _json_text, _deep_text))
+@settings(max_examples=300)
+def test_redaction_of_text_never_raises(text: str) -> None:
+    assert isinstance(redact_text(text), str)
+    assert isinstance(redact_deep(text), str)
+
+
+# --- known secrets: redaction by value ------------------------------------------------------
+
+UNFAMILIAR_KEY = "qz" + "0123456789abcdef" * 2 + "01234567"  # a gateway key: qz + 40 hex
+
+
+def test_an_unfamiliar_key_passes_until_it_is_registered() -> None:
+    text = f"the key is {UNFAMILIAR_KEY}."
+    assert not looks_secret(UNFAMILIAR_KEY)
+    assert redact_text(text) == text
+    with registered_secrets(UNFAMILIAR_KEY):
+        assert looks_secret(text)
+        assert redact_text(text) == f"the key is {REDACTED}."
+    assert redact_text(text) == text
+
+
+def test_every_tool_redacts_a_registered_secret() -> None:
+    key = UNFAMILIAR_KEY
+    with registered_secrets(key):
+        assert redact_text(f"x{key}y") == f"x{REDACTED}y"  # inside a larger word too
+        assert redact({"note": f"use {key}", key: [key]}) == {
+            "note": f"use {REDACTED}",
+            REDACTED: [REDACTED],
+        }
+        held = json.dumps({"result": {"echo": key}})
+        assert json.loads(str(redact_deep(json.dumps(held)))) == json.dumps(
+            {"result": {"echo": REDACTED}}, separators=(",", ":")
+        )
+        assert redact_deep(f"logged: {key}") == f"logged: {REDACTED}"
+        assert scrub(f"server said {key}", None) == f"server said {REDACTED}"
+        assert scrub(f"{key} and opaque-proxy-token", "opaque-proxy-token") == (
+            f"{REDACTED} and {REDACTED}"
+        )
+
+
+AWKWARD = 'pa"ss\\wörd/42 x+y&z'
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        json.dumps(AWKWARD),
+        json.dumps(AWKWARD, ensure_ascii=False),
+        quote(AWKWARD, safe=""),
+        quote(AWKWARD, safe="").lower(),
+        quote(AWKWARD),
+        quote_plus(AWKWARD),
+    ],
+    ids=["json", "json-unicode", "url", "url-lower-hex", "url-path", "url-plus"],
+)
+def test_a_registered_secret_is_found_json_escaped_and_url_encoded(written: str) -> None:
+    text = f"GET /login?next={written}&ok=1"
+    with registered_secrets(AWKWARD):
+        cleaned = redact_text(text)
+    assert REDACTED in cleaned
+    assert written.strip('"') not in cleaned
+    assert cleaned.startswith("GET /login?next=")
+    assert cleaned.endswith("&ok=1")
+
+
+@pytest.mark.parametrize(
+    "value", [None, "", "a", "1234567", "REDACTED", "[REDACTED", REDACTED, "EDACTED]"]
+)
+def test_empty_short_and_marker_values_are_refused(value: str | None) -> None:
+    assert not register_secret(value)
+    text = f"a 1234567 {REDACTED} stays"
+    assert redact_text(text) == text
+    unregister_secret(value)  # nothing to undo
+
+
+def test_the_shortest_accepted_value() -> None:
+    value = "x" * MIN_SECRET_LENGTH
+    try:
+        assert register_secret(value)
+        assert redact_text(f"{value[:-1]} {value}") == f"{value[:-1]} {REDACTED}"
+    finally:
+        unregister_secret(value)
+
+
+def test_registrations_are_counted() -> None:
+    text = f"key {UNFAMILIAR_KEY}"
+    assert register_secret(UNFAMILIAR_KEY)
+    assert register_secret(UNFAMILIAR_KEY)  # a second app in the process, say
+    unregister_secret(UNFAMILIAR_KEY)
+    assert redact_text(text) == f"key {REDACTED}"
+    unregister_secret(UNFAMILIAR_KEY)
+    assert redact_text(text) == text
+    unregister_secret(UNFAMILIAR_KEY)  # one too many changes nothing
+    assert redact_text(text) == text
+
+
+def test_registered_secrets_are_unregistered_after_an_error() -> None:
+    with pytest.raises(RuntimeError), registered_secrets(UNFAMILIAR_KEY, "short"):
+        raise RuntimeError
+    assert redact_text(UNFAMILIAR_KEY) == UNFAMILIAR_KEY
+
+
+@pytest.mark.parametrize(
+    ("secrets", "text"),
+    [
+        (["abcdefgh12", "gh12345678"], "<abcdefgh12345678>"),  # overlapping
+        (["hunter2hunter2", "hunter2hunter2hunter2"], "<hunter2hunter2hunter2>"),  # nested
+        (["aaaaaaaa"], "<aaaaaaaaaaaaaaaaaaaaa>"),  # overlapping with itself
+        (["secret-one-1", "secret-two-2"], "<secret-one-1secret-two-2>"),  # adjacent
+    ],
+)
+def test_overlapping_secrets_leave_no_fragment(secrets: list[str], text: str) -> None:
+    with registered_secrets(*secrets):
+        assert redact_text(text) == f"<{REDACTED}>"
+
+
+def test_known_secrets_are_thread_safe() -> None:
+    steady = "steady-secret-" + "9" * 20
+    errors: list[BaseException] = []
+
+    def churn(worker: int) -> None:
+        try:
+            for round_ in range(200):
+                mine = f"worker-{worker}-round-{round_}-value"
+                with registered_secrets(mine):
+                    cleaned = redact_text(f"{steady} {mine}")
+                    assert cleaned == f"{REDACTED} {REDACTED}", cleaned
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    with registered_secrets(steady):
+        threads = [threading.Thread(target=churn, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert redact_text("worker-3-round-7-value") == "worker-3-round-7-value"
+    assert redact_text(steady) == steady
+
+
+# --- logs -------------------------------------------------------------------------------------
+
+
+class Holder:
+    def __repr__(self) -> str:
+        return f"Holder({UNFAMILIAR_KEY!r})"
+
+
+@pytest.fixture
+def logged() -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    logger = logging.getLogger("tests.redaction.logs")
+    output = io.StringIO()
+    handler = logging.StreamHandler(output)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s %(detail)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+    redact_logs(logger)
+    try:
+        with registered_secrets(UNFAMILIAR_KEY):
+            yield logger, output
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+        logger.filters.clear()
+
+
+def test_log_records_are_redacted(logged: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, output = logged
+    logger.warning("calling with %s and %r", UNFAMILIAR_KEY, Holder(), extra={"detail": ""})
+    logger.warning(f"password: hunter2-x, {OPENAI_KEY}", extra={"detail": {"token": "t-9"}})
+    try:
+        raise ValueError(f"upstream echoed {UNFAMILIAR_KEY}")
+    except ValueError:
+        logger.exception("failed", extra={"detail": f"dsn {CREDENTIALED_URLS[0]}"}, stack_info=True)
+    text = output.getvalue()
+    for leaked in (UNFAMILIAR_KEY, "hunter2-x", OPENAI_KEY, "t-9", CREDENTIALED_URLS[0]):
+        assert leaked not in text
+    assert f"calling with {REDACTED} and Holder('{REDACTED}')" in text
+    assert "ValueError: upstream echoed [REDACTED]" in text
+    assert "Stack (most recent call last)" in text
+
+
+def test_a_broken_log_call_is_let_through(logged: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, output = logged
+    logger.warning(f"{UNFAMILIAR_KEY} %s %s", "one", extra={"detail": ""})  # one argument short
+    assert UNFAMILIAR_KEY not in output.getvalue()
+    assert f"{REDACTED} %s %s" in output.getvalue()
+
+
+def test_redact_logs_installs_one_filter_per_target() -> None:
+    logger = logging.getLogger("tests.redaction.install")
+    handler = logging.NullHandler()
+    try:
+        redact_logs(logger, "tests.redaction.install", handler)
+        redact_logs(logger, handler)
+        assert [type(f) for f in logger.filters] == [RedactingFilter]
+        assert [type(f) for f in handler.filters] == [RedactingFilter]
+    finally:
+        logger.filters.clear()

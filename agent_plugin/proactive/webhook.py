@@ -55,10 +55,10 @@ def verify_webhook(
     """
     try:
         sent = int(timestamp)
-    except ValueError:
+        stale = abs((time.time() if now is None else now) - sent) > tolerance
+    except (ValueError, OverflowError):  # not a number, or one too large for the clock
         return False
-    current = time.time() if now is None else now
-    if abs(current - sent) > tolerance:
+    if stale or not signature.isascii():  # compare_digest raises on a non-ASCII str
         return False
     try:
         expected = webhook_signature(secret, timestamp, body)
