@@ -473,7 +473,7 @@ async def test_memory_tool_errors_reach_the_model_through_the_loop() -> None:
         ]
     )
     agent = Agent(model, tools=[MemoryTool(store, "s")])
-    turn = (await agent.run("remember things")).outcome
+    turn = await agent.run("remember things")
     assert isinstance(turn.outcome, Completed)
     results = turn.messages[2]
     assert results.role is Role.TOOL

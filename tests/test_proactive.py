@@ -187,15 +187,13 @@ class Runner:
         if session is None:
             outcome = (await agent.run(prompt, options=RunOptions(run_id="run_tick"))).outcome
         else:
-            turn = (
-                await sessions.run(
-                    agent,
-                    prompt,
-                    session=session,
-                    store=self.store,
-                    options=RunOptions(run_id="run_tick"),
-                )
-            ).outcome
+            turn = await sessions.run(
+                agent,
+                prompt,
+                session=session,
+                store=self.store,
+                options=RunOptions(run_id="run_tick"),
+            )
             outcome = turn.outcome
         await deliver_outcome(
             self.delivery, outcome, source=ReportSource.HEARTBEAT, run_id="run_tick",
