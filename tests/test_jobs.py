@@ -21,13 +21,15 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from arq.connections import create_pool
-from arq.jobs import Job
-from arq.worker import Retry
+from arq.connections import RedisSettings, create_pool
+from arq.constants import default_queue_name
+from arq.jobs import Job, JobStatus
+from arq.worker import Retry, create_worker
 from fastapi import FastAPI
 from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.ids import new_run_id
 from agent_plugin.jobs import (
@@ -47,6 +49,7 @@ from agent_plugin.live import stream_key
 from agent_plugin.messages import Role
 from agent_plugin.options import AgentOverrides
 from agent_plugin.outcomes import ApprovalDecision
+from agent_plugin.providers.scripted import ScriptedModel
 from agent_plugin.sessions import InMemorySessionStore, MessageEntry
 from agent_plugin.web import AgentPlugin, AppAgent
 from tests.jobs_app import (
@@ -818,7 +821,7 @@ def test_the_demo_worker_is_built_from_the_demo_plugin() -> None:
     from example_app.worker import WorkerSettings
 
     assert [f.name for f in WorkerSettings.functions] == [AGENT_RUN, AGENT_RESUME]
-    assert WorkerSettings.queue_name == "arq:queue"
+    assert WorkerSettings.queue_name == "agent:queue"
     paths = set(app.openapi()["paths"])
     assert {"/agent/runs", "/agent/runs/{run_id}", "/agent/runs/{run_id}/decisions"} <= paths
 
@@ -844,3 +847,39 @@ async def test_a_delivery_that_cannot_reach_the_database_is_tried_again_later(
     finally:
         await settings.on_shutdown(ctx)
         await redis.aclose()
+
+
+async def test_the_agent_worker_leaves_an_apps_own_arq_jobs_alone(tmp_path: Path) -> None:
+    """The agent's queue is its own: a job the app put on arq's default queue is never taken
+    by an agent worker (and the agent's runs are not on the app's queue)."""
+    redis_url = "redis://127.0.0.1:6379/9"
+    plugin = AgentPlugin(
+        model=ScriptedModel(["done"]),
+        session_store=InMemorySessionStore(),
+        jobs=True,
+        settings=AgentSettings(
+            provider="scripted",
+            redis_url=redis_url,
+            database_url=f"sqlite+aiosqlite:///{tmp_path / 'runs.db'}",
+        ),
+    )
+    settings = plugin.worker_settings()
+    assert settings.queue_name == "agent:queue" != default_queue_name
+    apps = await create_pool(RedisSettings.from_dsn(redis_url))
+    try:
+        await apps.flushdb()
+        newsletter = await apps.enqueue_job("send_newsletter", _job_id="newsletter-1")
+        assert newsletter is not None
+        async with plugin.open() as agent:
+            handle = await agent.enqueue("hello")
+            worker = create_worker(settings, burst=True, handle_signals=False, poll_delay=0.05)
+            try:
+                await worker.async_run()
+            finally:
+                await worker.close()
+            assert (await agent.run_status(handle.run_id)).status == "complete"
+        assert await newsletter.status() is JobStatus.queued  # untouched, still waiting
+        assert await apps.zrange(default_queue_name, 0, -1) == [b"newsletter-1"]
+    finally:
+        await apps.flushdb()
+        await apps.aclose()

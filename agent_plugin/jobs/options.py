@@ -15,7 +15,9 @@ __all__ = ["JobOptions"]
 class JobOptions:
     """How background runs are queued and run; the app and its workers must agree on them.
 
-    * ``queue_name``: the arq queue (Redis sorted set) of the agent's jobs.
+    * ``queue_name``: the arq queue (Redis sorted set) of the agent's jobs; its own, not arq's
+      shared default ``arq:queue``, so an app's own arq jobs and the agent's workers never take
+      each other's jobs.
     * ``job_timeout``: seconds one delivery of a job may take, waiting for its session
       included; ``None``: ``max_run_secs + 60`` when that is set, else 1800.
     * ``max_attempts``: attempts of a run that fails with a retryable error [AP-47].
@@ -40,7 +42,7 @@ class JobOptions:
       ``events_ttl`` is how long it stays after the run ends.
     """
 
-    queue_name: str = "arq:queue"
+    queue_name: str = "agent:queue"
     job_timeout: float | None = None
     max_attempts: int = 3
     retry_backoff: float = 1.0
