@@ -90,7 +90,9 @@ _KEYED_HOSTS: Final = frozenset({"api.openai.com", "api.anthropic.com"})
 """Public hosts that refuse requests without a key; other servers (Ollama, vLLM) need none."""
 
 _SECRET_URL_FIELDS: Final = ("base_url", "redis_url", "database_url")
-_INT_FIELDS: Final = frozenset({"request_timeout_secs", "max_steps", "max_tokens", "max_run_secs"})
+_INT_FIELDS: Final = frozenset(
+    {"request_timeout_secs", "max_steps", "max_tokens", "max_run_secs", "max_request_bytes"}
+)
 _BOOL_FIELDS: Final = frozenset({"prompt_caching"})
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -113,6 +115,7 @@ _ACCEPTED: Final[dict[str, str]] = {
     "route_prefix": "a path that starts with '/' and does not end with '/', such as /agent",
     "health_path": "a path that starts with '/' and does not end with '/', such as /health",
     "session_lock": "queue or reject",
+    "max_request_bytes": "a whole number of bytes from 1024 to 1073741824",
 }
 
 
@@ -208,6 +211,12 @@ class AgentSettings(BaseSettings):
     session_lock: SessionLockPolicy = Field(
         default="queue",
         description="A background run for a busy session: wait its turn (queue) or 409 (reject).",
+    )
+    max_request_bytes: int = Field(
+        default=1_048_576,
+        ge=1024,
+        le=1 << 30,
+        description="The largest request body an agent route reads (413 beyond it).",
     )
 
     @field_validator("provider", mode="before")

@@ -38,6 +38,9 @@ class ErrorKind(StrEnum):
     STREAM_INTERRUPTED = "stream_interrupted"
     """A streamed reply broke off after part of it had been delivered. The part was not kept
     (it is in no transcript); the whole call can be made again."""
+    INVALID = "invalid"
+    """A value is not acceptable as it is (a request breaks a limit, or data cannot be
+    stored): it must change before it is tried again."""
 
     @property
     def display_name(self) -> str:
@@ -86,6 +89,7 @@ _HTTP_STATUS: Final[dict[ErrorKind, int]] = {
     ErrorKind.OUT_OF_CREDIT: 503,
     ErrorKind.CONTEXT_TOO_LONG: 413,
     ErrorKind.STREAM_INTERRUPTED: 503,
+    ErrorKind.INVALID: 422,
 }
 
 _RETRYABLE: Final = frozenset(

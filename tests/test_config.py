@@ -145,6 +145,7 @@ def test_full_section_parses(tmp_path: Path) -> None:
         route_prefix = "/api/agent"
         health_path = "/healthz"
         session_lock = "reject"
+        max_request_bytes = 65536
         """,
     )
     settings = load(path)
@@ -163,6 +164,7 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "route_prefix": "/api/agent",
         "health_path": "/healthz",
         "session_lock": "reject",
+        "max_request_bytes": 65536,
     }
     assert settings.resolved_model() == "claude-opus-4-1"
     assert settings.resolved_base_url() == "https://proxy.example.com"
@@ -369,6 +371,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         AGENT_ROUTE_PREFIX="/bot",
         AGENT_HEALTH_PATH="/status",
         AGENT_SESSION_LOCK="reject",
+        AGENT_MAX_REQUEST_BYTES="4096",
     )
     assert settings.model_dump() == {
         "provider": "anthropic",
@@ -385,6 +388,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "route_prefix": "/bot",
         "health_path": "/status",
         "session_lock": "reject",
+        "max_request_bytes": 4096,
     }
 
 

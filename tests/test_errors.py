@@ -25,6 +25,8 @@ SEED_STATUSES = {
     ErrorKind.OUT_OF_CREDIT: 503,
     ErrorKind.CONTEXT_TOO_LONG: 413,
     ErrorKind.STREAM_INTERRUPTED: 503,
+    # bad input: a request over a limit, data that cannot be stored (issue 17)
+    ErrorKind.INVALID: 422,
 }
 
 

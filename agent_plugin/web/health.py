@@ -170,7 +170,7 @@ class AgentHealth:
 
 def health_router(health: AgentHealth, path: str = "/health") -> APIRouter:
     """``GET {path}`` (with the agent component) and ``GET {path}/ready`` (without it)."""
-    router = APIRouter(tags=["health"])
+    router = APIRouter(tags=["health"], generate_unique_id_function=lambda route: route.name)
 
     @router.get(
         path,

@@ -40,7 +40,7 @@ from agent_plugin.tools import Tool
 from agent_plugin.web.handle import STATE_KEY, AppAgent
 from agent_plugin.web.health import AgentHealth, health_router
 from agent_plugin.web.problems import agent_error_handler
-from agent_plugin.web.routes import agent_router
+from agent_plugin.web.routes import DEFAULT_BODY_LIMIT, agent_router
 
 if TYPE_CHECKING:
     import httpx
@@ -403,10 +403,16 @@ class AgentPlugin:
         if getattr(app.state, "agent_plugin", None) is not None:
             raise AgentError.config("an agent plugin is already installed in this app")
         app.state.agent_plugin = self
-        prefix, health_path = self._layout()
+        prefix, health_path, body_limit = self._layout()
         app.add_exception_handler(AgentError, agent_error_handler)
         app.include_router(
-            self.router(prefix, dependencies=dependencies, runs_route=runs_route, console=console)
+            self.router(
+                prefix,
+                dependencies=dependencies,
+                runs_route=runs_route,
+                console=console,
+                body_limit=body_limit,
+            )
         )
         if health_route is None:
             health_route = not any(
@@ -423,14 +429,14 @@ class AgentPlugin:
 
         app.router.lifespan_context = lifespan
 
-    def _layout(self) -> tuple[str, str]:
-        """The route prefix and health path; defaults when the settings do not load yet."""
+    def _layout(self) -> tuple[str, str, int]:
+        """The route prefix, health path and body limit; defaults when the settings do not
+        load yet."""
         try:
             settings = self.load_settings()
         except AgentError:  # reported at startup, where every configuration error surfaces
-            defaults = AgentSettings.model_construct()
-            return defaults.route_prefix, defaults.health_path
-        return settings.route_prefix, settings.health_path
+            settings = AgentSettings.model_construct()
+        return settings.route_prefix, settings.health_path, settings.max_request_bytes
 
     def router(
         self,
@@ -439,9 +445,11 @@ class AgentPlugin:
         dependencies: Sequence[DependsParam] = (),
         runs_route: bool = False,
         console: bool = False,
+        body_limit: int = DEFAULT_BODY_LIMIT,
     ) -> APIRouter:
         """The agent routes under ``prefix``, all behind ``dependencies``: the tools, and with
         background runs on the run routes (see :func:`~agent_plugin.web.routes.agent_router`).
+        Their errors are problem details; a body over ``body_limit`` bytes is a 413.
 
         Run ids are unguessable (128 random bits), but every caller that passes
         ``dependencies`` can read any run it knows the id of: scope the ids per user in your
@@ -453,4 +461,5 @@ class AgentPlugin:
             background=self.job_options() is not None,
             runs_route=runs_route,
             console=console,
+            body_limit=body_limit,
         )

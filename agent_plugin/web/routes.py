@@ -6,12 +6,13 @@ them for clients."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Body, Header, HTTPException, Query, Response
 from fastapi.params import Depends as DependsParam
 from fastapi.responses import HTMLResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from fastapi.routing import APIRoute
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
 from agent_plugin.jobs import RunHandle
 from agent_plugin.live import parse_event_id
@@ -19,10 +20,18 @@ from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.records import RunRecord
 from agent_plugin.tools import Tool, ToolEffect
 from agent_plugin.web.console import CONSOLE_HEADERS, console_page
-from agent_plugin.web.handle import NOT_INSTALLED, AgentHandle
+from agent_plugin.web.handle import AgentHandle
+from agent_plugin.web.problems import problem_responses, problem_route
 from agent_plugin.web.sse import sse_response
 
-__all__ = ["CancelRequest", "RunRequest", "SteeringRequest", "ToolInfo", "agent_router"]
+__all__ = [
+    "DEFAULT_BODY_LIMIT",
+    "CancelRequest",
+    "RunRequest",
+    "SteeringRequest",
+    "ToolInfo",
+    "agent_router",
+]
 
 
 class ToolInfo(BaseModel):
@@ -45,13 +54,27 @@ class ToolInfo(BaseModel):
         )
 
 
+def _storable(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must not contain lone surrogates (text that is not Unicode)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_storable)]
+"""Text a client sends: every character storable (no NUL, no lone surrogates)."""
+
+
 class RunRequest(BaseModel):
     """The body of ``POST {prefix}/runs``: a task to run in the background."""
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=32_000, examples=["Summarise today's tickets"])
-    session: str | None = Field(default=None, min_length=1, max_length=255)
+    prompt: Text = Field(min_length=1, max_length=32_000, examples=["Summarise today's tickets"])
+    session: Text | None = Field(default=None, min_length=1, max_length=255)
 
 
 class SteeringRequest(BaseModel):
@@ -59,7 +82,7 @@ class SteeringRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(min_length=1, max_length=32_000, examples=["Also check the staging logs"])
+    text: Text = Field(min_length=1, max_length=32_000, examples=["Also check the staging logs"])
 
 
 class CancelRequest(BaseModel):
@@ -67,14 +90,16 @@ class CancelRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    reason: str = Field(default="cancelled over HTTP", min_length=1, max_length=500)
+    reason: Text = Field(default="cancelled over HTTP", min_length=1, max_length=500)
 
 
-_PROBLEMS: dict[int | str, dict[str, Any]] = {
-    404: {"description": "No such run (problem details)"},
-    409: {"description": "The run is not in a state that takes this request"},
-    503: {"description": "Redis or the database is unreachable, or the plugin is not running"},
-}
+DEFAULT_BODY_LIMIT: Final = 1_048_576
+"""The largest request body an agent route reads, in bytes (1 MiB)."""
+
+
+def _operation_id(route: APIRoute) -> str:
+    """Stable, readable operation ids: ``agent_<route name>`` (``agent_get_run``)."""
+    return f"agent_{route.name}"
 
 
 def agent_router(
@@ -84,6 +109,7 @@ def agent_router(
     background: bool,
     runs_route: bool = False,
     console: bool = False,
+    body_limit: int = DEFAULT_BODY_LIMIT,
 ) -> APIRouter:
     """The agent routes under ``prefix``, all behind ``dependencies``.
 
@@ -100,16 +126,25 @@ def agent_router(
       goes on through pauses; 204 when the client has seen the end already.
     * ``POST {prefix}/runs/{run_id}/cancel`` and ``POST {prefix}/runs/{run_id}/messages``.
     * ``GET {prefix}/console/{run_id}`` (``console``): the run console page.
+
+    Every error is problem details (``application/problem+json``): request validation (422),
+    a body over ``body_limit`` bytes (413) and every :class:`~agent_plugin.errors.AgentError`.
     """
-    router = APIRouter(prefix=prefix, tags=["agent"], dependencies=list(dependencies))
+    router = APIRouter(
+        prefix=prefix,
+        tags=["agent"],
+        dependencies=list(dependencies),
+        route_class=problem_route(body_limit),
+        generate_unique_id_function=_operation_id,
+    )
 
     @router.get(
         "/tools",
         response_model=list[ToolInfo],
         summary="The tools the agent offers the model",
-        responses={503: {"description": NOT_INSTALLED}},
+        responses=problem_responses(503),
     )
-    async def list_agent_tools(agent: AgentHandle) -> list[ToolInfo]:
+    async def list_tools(agent: AgentHandle) -> list[ToolInfo]:
         return [ToolInfo.of(t) for t in agent.agent().tools]
 
     if background:
@@ -128,7 +163,7 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
         "/runs/{run_id}",
         response_model=RunRecord,
         summary="A background run's status, progress and outcome",
-        responses={404: _PROBLEMS[404], 503: _PROBLEMS[503]},
+        responses=problem_responses(404, 422, 503),
     )
     async def get_run(run_id: str, agent: AgentHandle) -> Any:
         return await agent.run_status(run_id)
@@ -138,7 +173,7 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
         status_code=202,
         response_model=RunHandle,
         summary="Approve, edit or reject the calls a paused run waits on, and resume it",
-        responses=_PROBLEMS,
+        responses=problem_responses(404, 409, 413, 422, 503),
     )
     async def decide_run(
         run_id: str,
@@ -155,7 +190,7 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
             status_code=202,
             response_model=RunHandle,
             summary="Start a background run",
-            responses={409: _PROBLEMS[409], 503: _PROBLEMS[503]},
+            responses=problem_responses(409, 413, 422, 503),
         )
         async def start_run(body: RunRequest, agent: AgentHandle, response: Response) -> Any:
             return _accepted(response, await agent.enqueue(body.prompt, session=body.session))
@@ -169,9 +204,7 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
         responses={
             200: {"content": {"text/event-stream": {}}},
             204: {"description": "The client has seen the run's end already"},
-            400: {"description": "Last-Event-ID is not an event id"},
-            404: _PROBLEMS[404],
-            503: _PROBLEMS[503],
+            **problem_responses(400, 404, 422, 503),
         },
     )
     async def run_events(
@@ -195,7 +228,7 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
         status_code=202,
         response_model=RunHandle,
         summary="Cancel a queued, paused or running run",
-        responses=_PROBLEMS,
+        responses=problem_responses(404, 409, 413, 422, 503),
     )
     async def cancel_run(
         run_id: str,
@@ -211,7 +244,7 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
         status_code=202,
         response_model=RunHandle,
         summary="Send a message that joins a running run before its next model call",
-        responses=_PROBLEMS,
+        responses=problem_responses(404, 409, 413, 422, 503),
     )
     async def steer_run(
         run_id: str, body: SteeringRequest, agent: AgentHandle, response: Response
