@@ -15,7 +15,7 @@ from agent_plugin.errors import ErrorInfo
 from agent_plugin.events import OutcomeSummary, PendingApproval
 from agent_plugin.outcomes import AgentOutcome, AwaitingApproval, Cancelled, Paused
 
-__all__ = ["RunRecord", "RunStatus", "status_of"]
+__all__ = ["RunPage", "RunRecord", "RunStatus", "status_of"]
 
 
 class RunStatus(StrEnum):
@@ -74,3 +74,12 @@ def status_of(outcome: AgentOutcome) -> RunStatus:
     if isinstance(outcome, Cancelled):
         return RunStatus.CANCELLED
     return RunStatus.COMPLETE  # completed, budget_exhausted, loop_detected, unknown
+
+
+class RunPage(BaseModel):
+    """One page of runs, newest first; ``next_cursor`` fetches the next (``None``: no more)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    runs: list[RunRecord]
+    next_cursor: str | None = None

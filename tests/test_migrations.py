@@ -83,7 +83,7 @@ async def app_data_is_intact(database: Database) -> None:
 async def test_upgrade_downgrade_upgrade(empty_database: Database) -> None:
     database = empty_database
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head == "0004"
+    assert head == "0005"
     assert await database.current_revision() is None
 
     await database.migrate()
@@ -157,7 +157,7 @@ def test_the_cli_migrates_in_a_new_process(tmp_path: Path) -> None:
     path = tmp_path / "cli.db"
     result = cli("--database-url", sqlite_url(path))
     assert result.returncode == 0, result.stderr
-    assert "is at revision 0004" in result.stdout
+    assert "is at revision 0005" in result.stdout
     assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
 
 

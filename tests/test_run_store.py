@@ -1043,7 +1043,7 @@ async def test_runs_recorded_before_0002_survive_the_upgrade(at_0001: Database) 
             )
         )
     await database.migrate()
-    assert await database.current_revision() == "0004"
+    assert await database.current_revision() == "0005"
     store = SqlRunStore(database)
     record = await store.get("old")
     assert record is not None
@@ -1230,7 +1230,7 @@ async def test_runs_recorded_before_0004_keep_their_overrides_as_one_value(
             {"run_id": "lost", "status": "queued", "origin": "request", "args": None},
         ):
             await conn.execute(sa.insert(RUNS_AT_0003).values(**row, **common))
-    await database.migrate()
+    await database.migrate("0004")
     assert await database.current_revision() == "0004"
     store = SqlRunStore(database)
     assert await store.args("tick") == {
@@ -1399,3 +1399,39 @@ async def test_leases_run_on_the_databases_clock(
         ).one()
     assert abs((now - utcnow()).total_seconds()) < 1  # the same host: one clock
     assert 14 < (lease - now).total_seconds() <= 15
+
+
+# --- listing -------------------------------------------------------------------------------
+
+
+async def test_runs_are_listed_newest_first_a_page_at_a_time(database: Database) -> None:
+    store = SqlRunStore(database)
+    session = f"list-{uuid.uuid4().hex}"
+    made: list[str] = []
+    for i in range(5):
+        run_id = new_run_id()
+        origin = "heartbeat" if i % 2 else "request"
+        await store.create(run_id, origin=origin, args={"prompt": str(i)}, session_id=session)
+        made.append(run_id)
+    await store.start(made[0])
+    await store.fail(made[0], ErrorInfo(kind=ErrorKind.PROVIDER, message="no"))
+    newest_first = list(reversed(made))
+
+    first = await store.list_runs(session_id=session, limit=2)
+    assert [r.run_id for r in first.runs] == newest_first[:2]
+    assert first.next_cursor is not None
+    second = await store.list_runs(session_id=session, limit=2, cursor=first.next_cursor)
+    third = await store.list_runs(session_id=session, limit=2, cursor=second.next_cursor)
+    assert [r.run_id for r in second.runs + third.runs] == newest_first[2:]
+    assert third.next_cursor is None  # the last page says so
+
+    failed = await store.list_runs(session_id=session, status=RunStatus.FAILED)
+    assert [r.run_id for r in failed.runs] == [made[0]]
+    ticks = await store.list_runs(session_id=session, origin="heartbeat")
+    assert [r.run_id for r in ticks.runs] == [made[3], made[1]]
+    assert (await store.list_runs(session_id="no-such-session")).runs == []
+
+    for bad in ("not-a-cursor", "W10", first.next_cursor[:-3]):
+        await refused(store.list_runs(cursor=bad), ErrorKind.INVALID)
+    for limit in (0, 201):
+        await refused(store.list_runs(limit=limit), ErrorKind.INVALID)

@@ -213,6 +213,7 @@ class RunRow(Base):
         ),
         sa.Index(None, "status"),
         sa.Index(None, "session_id"),
+        sa.Index(None, "created_at", "run_id"),
     )
 
     run_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)

@@ -6,6 +6,9 @@ value that no longer decodes is a ``DECODE`` error naming the run and the column
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from datetime import datetime
 from typing import Any, Final, TypeVar
 
@@ -244,3 +247,26 @@ def describe_validation(error: ValidationError) -> str:
     where = ".".join(str(part) for part in first["loc"])
     more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
     return f"{where or 'value'}: {first['msg']}{more}"
+
+
+MAX_PAGE: Final = 200
+"""The most runs one page of :meth:`~agent_plugin.storage.SqlRunStore.list_runs` holds."""
+
+
+def make_cursor(created_at: datetime, run_id: str) -> str:
+    """An opaque cursor that continues a listing after the run ``run_id``."""
+    raw = json.dumps([created_at.isoformat(), run_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def read_cursor(cursor: str) -> tuple[datetime, str]:
+    """The position :func:`make_cursor` encoded; an ``invalid`` error for anything else."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        created_at, run_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        moment = datetime.fromisoformat(created_at)
+        if not isinstance(run_id, str) or moment.tzinfo is None:
+            raise ValueError(cursor)
+    except (ValueError, TypeError, binascii.Error, UnicodeError):
+        raise AgentError(ErrorKind.INVALID, "cursor is not one a listing of runs gave") from None
+    return moment, run_id

@@ -58,7 +58,7 @@ from agent_plugin.events import OutcomeSummary
 from agent_plugin.journal import JournalEntry
 from agent_plugin.messages import TokenUsage
 from agent_plugin.outcomes import AgentOutcome, ApprovalDecision, AwaitingApproval, Paused, RunState
-from agent_plugin.records import RunRecord, RunStatus, status_of
+from agent_plugin.records import RunPage, RunRecord, RunStatus, status_of
 from agent_plugin.storage.checkpoints import ProgressRule, SqlRunJournal, decode_entry
 from agent_plugin.storage.database import Database
 from agent_plugin.storage.models import utcnow
@@ -68,6 +68,7 @@ from agent_plugin.storage.run_sql import (
     CHECKPOINTS,
     DECISIONS,
     GET,
+    MAX_PAGE,
     PROGRESS,
     RECORD_COLUMNS,
     RUNNABLE,
@@ -82,9 +83,11 @@ from agent_plugin.storage.run_sql import (
     decode_json,
     from_now,
     insert_ignoring_duplicates,
+    make_cursor,
     not_found,
     not_paused,
     progress_values,
+    read_cursor,
     read_status,
     record_of,
 )
@@ -213,6 +216,41 @@ class SqlRunStore:
         if args is None:
             raise decode_error(run_id, "args", "the run has no stored arguments")
         return args
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        session_id: str | None = None,
+        origin: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Runs, newest first, ``limit`` at a time (1..200), optionally of one ``status``,
+        ``session_id`` or ``origin``; ``cursor`` (a page's ``next_cursor``) continues after that
+        page. A cursor this store did not make is an ``invalid`` error."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise AgentError(ErrorKind.INVALID, f"limit must be from 1 to {MAX_PAGE}, got {limit}")
+        query = sa.select(*RECORD_COLUMNS)
+        if status is not None:
+            query = query.where(RUNS.status == RunStatus(status).value)
+        if session_id is not None:
+            query = query.where(RUNS.session_id == session_id)
+        if origin is not None:
+            query = query.where(RUNS.origin == origin)
+        if cursor is not None:
+            created_at, run_id = read_cursor(cursor)
+            query = query.where(
+                sa.tuple_(RUNS.created_at, RUNS.run_id) < sa.tuple_(created_at, run_id)
+            )
+        query = query.order_by(RUNS.created_at.desc(), RUNS.run_id.desc()).limit(limit + 1)
+        async with self.database.read() as conn:
+            rows = (await conn.execute(query)).all()
+        records = [record_of(row._mapping) for row in rows[:limit]]
+        more = len(rows) > limit
+        last = records[-1] if records else None
+        next_cursor = make_cursor(last.created_at, last.run_id) if more and last else None
+        return RunPage(runs=records, next_cursor=next_cursor)
 
     async def session_activity(
         self, session_id: str, *, besides: str | None = None

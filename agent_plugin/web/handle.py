@@ -21,7 +21,7 @@ from agent_plugin.jobs import HeartbeatStats, RunArgs, RunHandle, RunQueue
 from agent_plugin.jobs.args import checked_run_id
 from agent_plugin.options import AgentOverrides, RunOptions
 from agent_plugin.outcomes import AgentTurn, ApprovalDecision, RunState
-from agent_plugin.records import RunRecord
+from agent_plugin.records import RunPage, RunRecord, RunStatus
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.web.sse import local_events, sse_response
 
@@ -225,6 +225,21 @@ class AppAgent:
     async def run_status(self, run_id: str) -> RunRecord:
         """The record of a background run; ``not_found`` for an unknown id."""
         return await self.jobs.get(run_id)
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        session: str | None = None,
+        origin: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Background runs, newest first, ``limit`` at a time (at most 200), optionally of one
+        ``status``, ``session`` or ``origin``; ``cursor`` is a page's ``next_cursor``."""
+        return await self.jobs.store.list_runs(
+            status=status, session_id=session, origin=origin, limit=limit, cursor=cursor
+        )
 
     async def cancel(self, run_id: str, reason: str = "cancelled") -> RunRecord:
         """Cancel a queued, paused or running background run (see :meth:`RunQueue.cancel`)."""

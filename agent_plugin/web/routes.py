@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 from agent_plugin.jobs import RunHandle
 from agent_plugin.live import parse_event_id
 from agent_plugin.outcomes import ApprovalDecision
-from agent_plugin.records import RunRecord
+from agent_plugin.records import RunPage, RunRecord, RunStatus
 from agent_plugin.tools import Tool, ToolEffect
 from agent_plugin.web.console import CONSOLE_HEADERS, console_page
 from agent_plugin.web.handle import AgentHandle
@@ -117,6 +117,8 @@ def agent_router(
 
     With ``background`` (background runs on):
 
+    * ``GET {prefix}/runs``: runs, newest first, a page at a time (``status``, ``session``,
+      ``origin``, ``limit``, ``cursor``).
     * ``GET {prefix}/runs/{run_id}``: the run's record; 404 for an unknown id.
     * ``POST {prefix}/runs/{run_id}/decisions``: decisions for a paused run's calls; 202 with
       the run's handle, the resume queued; 409 when not accepted.
@@ -159,6 +161,24 @@ def _accepted(response: Response, handle: RunHandle) -> RunHandle:
 
 
 def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
+    @router.get(
+        "/runs",
+        response_model=RunPage,
+        summary="Background runs, newest first, a page at a time",
+        responses=problem_responses(422, 503),
+    )
+    async def list_runs(
+        agent: AgentHandle,
+        status: RunStatus | None = None,
+        session: Annotated[str | None, Query(min_length=1, max_length=255)] = None,
+        origin: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        cursor: Annotated[str | None, Query(max_length=1000)] = None,
+    ) -> Any:
+        return await agent.list_runs(
+            status=status, session=session, origin=origin, limit=limit, cursor=cursor
+        )
+
     @router.get(
         "/runs/{run_id}",
         response_model=RunRecord,
