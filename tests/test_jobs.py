@@ -52,6 +52,7 @@ from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.providers.scripted import ScriptedModel
 from agent_plugin.sessions import InMemorySessionStore, MessageEntry
 from agent_plugin.web import AgentPlugin, AppAgent
+from agent_plugin.web.health import AgentHealth
 from tests.jobs_app import (
     JobsEnv,
     Line,
@@ -883,3 +884,15 @@ async def test_the_agent_worker_leaves_an_apps_own_arq_jobs_alone(tmp_path: Path
     finally:
         await apps.flushdb()
         await apps.aclose()
+
+
+async def test_readiness_sees_the_worker_that_serves_the_queue(served: Served) -> None:
+    health = AgentHealth(workers=True)
+    health.attach(served.handle.runtime, served.handle.jobs)
+    deadline = time.monotonic() + 10
+    while (report := await health.readiness()).status != "UP":  # its first poll writes it
+        assert time.monotonic() < deadline, report
+        await asyncio.sleep(0.2)
+    workers = report.components["workers"]
+    assert workers.details["queue"] == served.handle.jobs.options.queue_name
+    assert set(report.components) == {"database", "redis", "workers"}

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
+import socket
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fastapi import Depends, FastAPI, Header, HTTPException
 
-from agent_plugin import AgentPlugin, AppAgent
+from agent_plugin import AgentPlugin, AppAgent, JobOptions
 from agent_plugin.config import AgentSettings
 from agent_plugin.ids import new_run_id
 from agent_plugin.providers.scripted import ScriptedModel
 from agent_plugin.sessions import InMemorySessionStore
+from agent_plugin.web.health import AgentHealth
 
 
 def require_token(x_token: str | None = Header(default=None)) -> None:
@@ -75,3 +81,81 @@ async def test_the_list_is_behind_the_routes_dependencies(
     refused = await client.get("/agent/runs", headers={"x-token": "wrong"})
     assert refused.status_code == 401
     assert refused.headers["content-type"] == "application/problem+json"
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def plugin_for(directory: Path, **settings: Any) -> AgentPlugin:
+    return AgentPlugin(
+        model=ScriptedModel(default="done"),
+        session_store=InMemorySessionStore(),
+        jobs=JobOptions(queue_name=f"ready-{uuid.uuid4().hex}:queue"),
+        health=AgentHealth(workers=True, cache_secs=0),
+        settings=AgentSettings(
+            provider="scripted",
+            database_url=f"sqlite+aiosqlite:///{directory / 'runs.db'}",
+            **settings,
+        ),
+    )
+
+
+async def test_readiness_reports_the_database_redis_and_the_workers(tmp_path: Path) -> None:
+    directory = tmp_path / "data"
+    directory.mkdir()
+    plugin = plugin_for(directory)
+    app = FastAPI()
+    plugin.install(app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as client,
+    ):
+        ready = await client.get("/health/ready")
+        assert ready.status_code == 503  # no worker serves this queue
+        components = ready.json()["components"]
+        assert components["database"]["status"] == "UP"
+        assert components["redis"]["status"] == "UP"
+        assert components["workers"]["status"] == "DOWN"
+        assert "no worker serves the queue" in components["workers"]["details"]["error"]
+
+        shutil.rmtree(directory)  # the database goes away under the running app
+        await plugin.agent(app).runtime.database.dispose()  # type: ignore[union-attr]
+        gone = (await client.get("/health/ready")).json()["components"]["database"]
+        assert gone["status"] == "DOWN"
+        assert "does not exist" in gone["details"]["error"]
+
+
+async def test_readiness_is_down_with_the_reason_when_redis_cannot_be_reached(
+    tmp_path: Path,
+) -> None:
+    plugin = plugin_for(tmp_path, redis_url=f"redis://:s3cret-pass@127.0.0.1:{closed_port()}/0")
+    app = FastAPI()
+    plugin.install(app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as client,
+    ):
+        ready = await client.get("/health/ready")
+    assert ready.status_code == 503
+    redis = ready.json()["components"]["redis"]
+    assert redis["status"] == "DOWN"
+    assert "cannot reach Redis" in redis["details"]["error"]
+    assert "s3cret-pass" not in ready.text
+
+
+async def test_an_apps_own_health_route_is_kept_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"mine": "yes"}
+
+    with caplog.at_level(logging.WARNING, logger="agent_plugin"):
+        plugin_for(tmp_path).install(app)
+    assert "has its own route at /health" in caplog.text
+    assert sum(getattr(r, "path", None) == "/health" for r in app.router.routes) == 1

@@ -1,25 +1,33 @@
-"""Health routes: the ``agent`` component (is the model provider reachable?) on
-``GET {health_path}``, and readiness on ``GET {health_path}/ready``.
+"""Health routes: ``GET {health_path}`` with the ``agent`` component (is the model provider
+reachable?), and ``GET {health_path}/ready`` with what serving needs: the ``database`` and,
+with background runs on, ``redis`` (and ``workers``, when asked for: does any worker serve
+the queue?).
 
-A check is time-limited and cached, and concurrent requests share one check, so a slow or
-failing provider never makes a health route slow and a busy route never floods the provider.
-The component is health-only: it never gates readiness. An app with its own health route
-includes :meth:`AgentHealth.check` in it instead (``docs/deployment.md``).
+Every check is time-limited and cached, and concurrent requests share one check, so a slow or
+failing dependency never makes a health route slow and a busy route never floods it. The
+``agent`` component is health-only: a provider's bad minute does not take the app out of
+rotation. An app with its own health route includes :meth:`AgentHealth.check` in it
+(``docs/guide/routes-errors-health.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Final, Literal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final, Literal
 
+from arq.constants import health_check_key_suffix
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-from agent_plugin.errors import AgentError
+from agent_plugin.errors import AgentError, describe
 from agent_plugin.providers.base import LlmClient
+
+if TYPE_CHECKING:
+    from agent_plugin.jobs import RunQueue
+    from agent_plugin.runtime import AgentRuntime
 
 __all__ = [
     "NOT_STARTED",
@@ -44,6 +52,10 @@ class ComponentHealth(BaseModel):
     status: HealthStatus
     details: dict[str, JsonValue] = {}
 
+    @classmethod
+    def down(cls, error: str, **details: JsonValue) -> ComponentHealth:
+        return cls(status="DOWN", details={**details, "error": error})
+
 
 class HealthReport(BaseModel):
     """A whole health answer: DOWN when any component is DOWN."""
@@ -59,23 +71,81 @@ class HealthReport(BaseModel):
         return cls(status="DOWN" if down else "UP", components=components)
 
 
-class AgentHealth:
-    """The ``agent`` health component, pinging ``list_models`` on the runtime's client.
+Probe = Callable[[], Awaitable[ComponentHealth]]
 
-    The plugin :meth:`attach` es its client at startup (the first attached client wins, like the
-    runtime it belongs to) and :meth:`detach` es it at shutdown. ``clock`` is for tests.
+
+class _Cached:
+    """One check, time-limited, cached for a while, and shared by concurrent callers."""
+
+    def __init__(
+        self,
+        probe: Probe,
+        *,
+        name: str,
+        health: AgentHealth,
+        details: dict[str, JsonValue] | None = None,
+    ) -> None:
+        self.probe = probe
+        self.name = name
+        self.health = health
+        self.details = details or {}
+        self.result: tuple[float, ComponentHealth] | None = None
+        self.lock = asyncio.Lock()
+
+    def fresh(self) -> ComponentHealth | None:
+        if self.result is None:
+            return None
+        at, result = self.result
+        return result if self.health.clock() - at < self.health.cache_secs else None
+
+    async def get(self) -> ComponentHealth:
+        found = self.fresh()
+        if found is not None:
+            return found
+        async with self.lock:
+            found = self.fresh()
+            if found is not None:
+                return found
+            try:
+                async with asyncio.timeout(self.health.timeout_secs):
+                    result = await self.probe()
+            except TimeoutError:
+                result = ComponentHealth.down(
+                    f"{self.name} did not answer within {self.health.timeout_secs:g} s",
+                    **self.details,
+                )
+            except Exception as error:  # a user's client may raise anything; health answers
+                result = ComponentHealth.down(describe(error), **self.details)
+            self.result = (self.health.clock(), result)
+            return result
+
+
+class AgentHealth:
+    """The plugin's health components.
+
+    * ``agent`` (:meth:`check`): the runtime's provider client lists its models; UP with the
+      provider and the number of models, or DOWN with the error. Health-only.
+    * readiness (:meth:`readiness`): ``database`` (a ``SELECT 1``), ``redis`` (a ``PING``, with
+      background runs on) and, with ``workers=True``, ``workers``: whether a worker has
+      written arq's health-check key of the agent's queue lately (an app with no worker still
+      enqueues runs, so it is off by default).
+
+    The plugin :meth:`attach` es its runtime at startup and :meth:`detach` es it at shutdown;
+    before that every component is DOWN with ``agent plugin has not finished starting``.
+    ``clock`` is for tests.
     """
 
     name: Final = "agent"
-    """The component's name in a health report."""
+    """The ``agent`` component's name in a health report."""
     group: Final = "health"
-    """Health-only: shown on the health route, never part of readiness."""
+    """The ``agent`` component is health-only: never part of readiness."""
 
     def __init__(
         self,
         *,
         cache_secs: float = 5.0,
         timeout_secs: float = 2.0,
+        workers: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if cache_secs < 0:
@@ -84,92 +154,115 @@ class AgentHealth:
             raise AgentError.config(f"timeout_secs must be positive, got {timeout_secs}")
         self.cache_secs = cache_secs
         self.timeout_secs = timeout_secs
-        self._clock = clock
-        self._client: LlmClient | None = None
-        self._provider = ""
-        self._cached: tuple[float, ComponentHealth] | None = None
-        self._lock = asyncio.Lock()
+        self.workers = workers
+        self.clock = clock
+        self._runtime: AgentRuntime | None = None
+        self._agent: _Cached | None = None
+        self._ready: dict[str, _Cached] = {}
 
     def __repr__(self) -> str:
-        state = f"provider={self._provider!r}" if self._client is not None else "not started"
+        state = f"provider={self._provider!r}" if self._runtime is not None else "not started"
         return f"AgentHealth({state}, cache_secs={self.cache_secs}, timeout={self.timeout_secs})"
 
     @property
     def started(self) -> bool:
-        """Whether a runtime's client is attached (the plugin finished starting)."""
-        return self._client is not None
+        """Whether a runtime is attached (the plugin finished starting)."""
+        return self._runtime is not None
 
     @property
     def client(self) -> LlmClient | None:
-        """The client the check pings: the runtime's own."""
-        return self._client
+        """The client the ``agent`` component pings: the runtime's own."""
+        return self._runtime.client if self._runtime is not None else None
 
-    def attach(self, client: LlmClient, provider: str) -> None:
-        """Start reporting on ``client``; ignored when a client is already attached."""
-        if self._client is None:
-            self._client = client
-            self._provider = provider
-            self._cached = None
-            self._lock = asyncio.Lock()  # bound to the loop the app now runs in
+    @property
+    def _provider(self) -> str:
+        return self._runtime.settings.provider if self._runtime is not None else ""
 
-    def detach(self, client: LlmClient) -> None:
-        """Stop reporting on ``client`` (back to DOWN, not started)."""
-        if self._client is client:
-            self._client = None
-            self._provider = ""
-            self._cached = None
+    def attach(self, runtime: AgentRuntime, queue: RunQueue | None = None) -> None:
+        """Start reporting on ``runtime`` (and ``queue``); ignored when one is attached."""
+        if self._runtime is not None:
+            return
+        self._runtime = runtime
+        provider = runtime.settings.provider
+        client = runtime.client
+        self._agent = _Cached(
+            lambda: _models(client, provider),
+            name=provider,
+            health=self,
+            details={"provider": provider},
+        )
+        ready: dict[str, _Cached] = {}
+        database = runtime.database
+        if database is not None:
+
+            async def database_up() -> ComponentHealth:
+                await database.check()
+                return ComponentHealth(status="UP", details={"url": database.display_url})
+
+            ready["database"] = _Cached(database_up, name="the database", health=self)
+        if queue is not None:
+            ready["redis"] = _Cached(lambda: _redis_up(queue), name="Redis", health=self)
+            if self.workers:
+                ready["workers"] = _Cached(lambda: _workers_up(queue), name="Redis", health=self)
+        self._ready = ready
+
+    def detach(self, runtime: AgentRuntime) -> None:
+        """Stop reporting on ``runtime`` (back to DOWN, not started)."""
+        if self._runtime is runtime:
+            self._runtime = None
+            self._agent = None
+            self._ready = {}
 
     async def check(self) -> ComponentHealth:
-        """The component's state: cached for ``cache_secs``, at most ``timeout_secs`` to get."""
-        client = self._client
-        if client is None:
-            return ComponentHealth(status="DOWN", details={"error": NOT_STARTED})
-        fresh = self._fresh(client)
-        if fresh is not None:
-            return fresh
-        async with self._lock:
-            fresh = self._fresh(client)
-            if fresh is not None:
-                return fresh
-            result = await self._ping(client, self._provider)
-            if self._client is client:
-                self._cached = (self._clock(), result)
-            return result
+        """The ``agent`` component: cached for ``cache_secs``, at most ``timeout_secs`` to get."""
+        if self._agent is None:
+            return ComponentHealth.down(NOT_STARTED)
+        return await self._agent.get()
 
     async def report(self) -> HealthReport:
-        """The health route's answer: the ``agent`` component alone."""
+        """The health route's answer: the ``agent`` component."""
         return HealthReport.of({self.name: await self.check()})
 
-    def readiness(self) -> HealthReport:
-        """The readiness answer: UP once the plugin started; the agent component is left out."""
-        return HealthReport(status="UP" if self.started else "DOWN")
+    async def readiness(self) -> HealthReport:
+        """The readiness answer: DOWN before the plugin started, or when the database (or,
+        with background runs on, Redis; with ``workers``, any worker) is out of reach."""
+        if self._runtime is None:
+            down = {"plugin": ComponentHealth.down(NOT_STARTED)}
+            return HealthReport(status="DOWN", components=down)
+        names = list(self._ready)
+        results = await asyncio.gather(*(self._ready[name].get() for name in names))
+        return HealthReport.of(dict(zip(names, results, strict=True)))
 
-    def _fresh(self, client: LlmClient) -> ComponentHealth | None:
-        cached = self._cached
-        if cached is None or self._client is not client:
-            return None
-        at, result = cached
-        return result if self._clock() - at < self.cache_secs else None
 
-    async def _ping(self, client: LlmClient, provider: str) -> ComponentHealth:
-        try:
-            async with asyncio.timeout(self.timeout_secs):
-                models = await client.list_models()
-        except TimeoutError:
-            error = f"{provider} did not answer within {self.timeout_secs:g} s"
-        except AgentError as exc:
-            error = str(exc)
-        except Exception as exc:  # a user's client may raise anything; health must answer
-            error = f"{type(exc).__name__}: {exc}"
-        else:
-            return ComponentHealth(
-                status="UP", details={"provider": provider, "models": len(models)}
-            )
-        return ComponentHealth(status="DOWN", details={"provider": provider, "error": error})
+async def _models(client: LlmClient, provider: str) -> ComponentHealth:
+    try:
+        models = await client.list_models()
+    except AgentError as error:
+        return ComponentHealth.down(str(error), provider=provider)
+    except Exception as error:  # a user's client may raise anything; health must answer
+        return ComponentHealth.down(describe(error), provider=provider)
+    return ComponentHealth(status="UP", details={"provider": provider, "models": len(models)})
+
+
+async def _redis_up(queue: RunQueue) -> ComponentHealth:
+    redis = await queue.redis()
+    await redis.ping()
+    return ComponentHealth(status="UP", details={"queue": queue.options.queue_name})
+
+
+async def _workers_up(queue: RunQueue) -> ComponentHealth:
+    redis = await queue.redis()
+    name = queue.options.queue_name
+    beat = await redis.get(name + health_check_key_suffix)
+    if beat is None:
+        return ComponentHealth.down(f"no worker serves the queue {name!r}", queue=name)
+    text = beat.decode() if isinstance(beat, bytes) else str(beat)
+    return ComponentHealth(status="UP", details={"queue": name, "last": text})
 
 
 def health_router(health: AgentHealth, path: str = "/health") -> APIRouter:
-    """``GET {path}`` (with the agent component) and ``GET {path}/ready`` (without it)."""
+    """``GET {path}`` (with the agent component) and ``GET {path}/ready`` (what serving
+    needs: the database, Redis, and the workers when asked for)."""
     router = APIRouter(tags=["health"], generate_unique_id_function=lambda route: route.name)
 
     @router.get(
@@ -179,17 +272,16 @@ def health_router(health: AgentHealth, path: str = "/health") -> APIRouter:
         responses={503: {"model": HealthReport, "description": "A component is DOWN"}},
     )
     async def agent_health() -> JSONResponse:
-        report = await health.report()
-        return _answer(report)
+        return _answer(await health.report())
 
     @router.get(
         f"{path}/ready",
         response_model=HealthReport,
-        summary="Readiness; the model provider does not gate it",
-        responses={503: {"model": HealthReport, "description": "The plugin has not started"}},
+        summary="Readiness: the database and Redis; the model provider does not gate it",
+        responses={503: {"model": HealthReport, "description": "A component is DOWN"}},
     )
     async def agent_readiness() -> JSONResponse:
-        return _answer(health.readiness())
+        return _answer(await health.readiness())
 
     return router
 

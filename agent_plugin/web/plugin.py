@@ -327,12 +327,12 @@ class AgentPlugin:
         runtime = agent.runtime
         self._running[app] = agent
         setattr(app.state, STATE_KEY, agent)
-        self.health.attach(runtime.client, runtime.settings.provider)
+        self.health.attach(runtime, agent.queue)
         logger.info("agent plugin started: %r", runtime)
         try:
             yield
         finally:
-            self.health.detach(runtime.client)
+            self.health.detach(runtime)
             setattr(app.state, STATE_KEY, None)
             del self._running[app]
             await self._close(agent)
@@ -418,6 +418,13 @@ class AgentPlugin:
             health_route = not any(
                 getattr(route, "path", None) == health_path for route in app.router.routes
             )
+            if not health_route:
+                logger.warning(
+                    "the app has its own route at %s, so the plugin adds no health routes: "
+                    "include plugin.health.check (the agent component) in it, and "
+                    "plugin.health.readiness() (database, Redis) in a readiness route",
+                    health_path,
+                )
         if health_route:
             app.include_router(health_router(self.health, health_path))
         original = app.router.lifespan_context
