@@ -56,6 +56,7 @@ from agent_plugin.hooks import (
     ToolOutput,
 )
 from agent_plugin.ids import DEFAULT_SCOPE, new_run_id
+from agent_plugin.logs import run_context
 from agent_plugin.loop_guard import LoopGuard, LoopTracker, Stop, Warn, warning_note
 from agent_plugin.messages import (
     ChatMessage,
@@ -499,6 +500,10 @@ class _Run:
 
     async def execute(self, body: Awaitable[AgentOutcome], *, resumed: bool) -> AgentTurn:
         """Run ``body`` between ``run_start`` and exactly one ``run_end``."""
+        with run_context(self.run_id, self.session_id):
+            return await self._execute(body, resumed=resumed)
+
+    async def _execute(self, body: Awaitable[AgentOutcome], *, resumed: bool) -> AgentTurn:
         emit = self.emit
         if emit is not None:
             emit(RunStarted(run_id=self.run_id, session_id=self.session_id, resumed=resumed))

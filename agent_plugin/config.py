@@ -31,7 +31,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -47,8 +47,10 @@ __all__ = [
     "AgentSettings",
     "ProviderName",
     "SessionLockPolicy",
+    "config_sources",
     "mask_url",
     "parse_provider",
+    "url_password",
 ]
 
 ProviderName = Literal["openai-compatible", "anthropic", "scripted"]
@@ -159,6 +161,24 @@ def mask_url(url: str) -> str:
     if netloc == parts.netloc and query == parts.query:
         return url
     return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def url_password(url: str | None) -> str | None:
+    """The password of ``url`` (``user:password@`` or a ``password=`` query value), decoded,
+    or ``None``."""
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return None
+    if password:
+        return unquote(password)
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key.lower() == "password" and value:
+            return value
+    return None
 
 
 def _has_password(url: str) -> bool:
@@ -410,6 +430,28 @@ def _split(url: str) -> SplitResult | None:
     except ValueError:
         return None
     return parts
+
+
+def config_sources(
+    environ: Mapping[str, str] | None = None, config_file: str | Path | None = None
+) -> str:
+    """Where settings loaded with ``environ`` and ``config_file`` come from, for a start-up
+    log line: the config file (or that there is none), the profile overlay, and the names (never
+    the values) of the ``AGENT_*`` variables that are set."""
+    env = os.environ if environ is None else environ
+    path, _named_by = _config_path(env, config_file)
+    parts = [f"{path} (absent: defaults)" if not path.is_file() else str(path)]
+    profile = env.get(PROFILE_ENV, "").strip()
+    if profile:
+        parts.append(f"overlay {path.with_name(f'{path.stem}.{profile}{path.suffix}')}")
+    variables = sorted(
+        name
+        for name, value in env.items()
+        if name.startswith(ENV_PREFIX) and value != "" and name not in (CONFIG_FILE_ENV,)
+    )
+    if variables:
+        parts.append("environment " + ", ".join(variables))
+    return " + ".join(parts)
 
 
 def _config_path(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from agent_plugin.agent import Agent
 from agent_plugin.compaction import Compaction
-from agent_plugin.config import AgentSettings
+from agent_plugin.config import AgentSettings, mask_url, url_password
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.hooks import AgentHooks
 from agent_plugin.ids import DEFAULT_SCOPE
@@ -37,6 +37,7 @@ from agent_plugin.proactive import (
 )
 from agent_plugin.providers.base import LlmClient
 from agent_plugin.providers.factory import create_client
+from agent_plugin.redaction import register_secret, unregister_secret
 from agent_plugin.sessions import SessionStore
 from agent_plugin.skills import Skill, load_skills
 from agent_plugin.tools import Tool, ToolRegistry
@@ -101,6 +102,7 @@ class AgentRuntime:
         self.database = database
         self.runs = runs
         self._owns_client = owns_client
+        self._secrets: list[str] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._agents: dict[tuple[AgentOverrides, Enqueue | None], Agent] = {}
 
@@ -169,6 +171,36 @@ class AgentRuntime:
             compaction=self.compaction,
         )
 
+    def register_secrets(self, values: Iterable[str | None]) -> None:
+        """Redact ``values`` by value everywhere (events, records, logs, errors) while the
+        runtime is open; a value too short to redact safely is logged and skipped."""
+        for value in values:
+            if value is None:
+                continue
+            if register_secret(value):
+                self._secrets.append(value)
+            else:
+                logger.warning(
+                    "a configured secret of %d characters is too short to redact by value",
+                    len(value),
+                )
+
+    def describe(self) -> str:
+        """One line for logs: provider, model, where the model is and where the data lives,
+        passwords masked."""
+        settings = self.settings
+        parts = [
+            f"provider={settings.provider}",
+            f"model={settings.resolved_model()}",
+        ]
+        if settings.provider != "scripted":
+            parts.append(f"base_url={mask_url(settings.resolved_base_url())}")
+        if self.database is not None:
+            parts.append(f"database={self.database.display_url}")
+        if self.runs is not None:
+            parts.append(f"redis={mask_url(settings.redis_url)}")
+        return " ".join(parts)
+
     def tool_names(self) -> list[str]:
         """The names of the tools an agent of this runtime offers the model, sorted."""
         return self.agent_for().tools.names()
@@ -194,8 +226,13 @@ class AgentRuntime:
             if self.database is not None:
                 await self.database.dispose()
         finally:
-            if self._owns_client:
-                await self.client.aclose()
+            try:
+                if self._owns_client:
+                    await self.client.aclose()
+            finally:
+                for value in self._secrets:
+                    unregister_secret(value)
+                self._secrets.clear()
 
 
 async def _no_followups(_plan: FollowupPlan) -> str:
@@ -227,7 +264,8 @@ class RuntimeSpec:
     ``session_store`` ``None`` and ``memory_store="sql"`` use the SQL stores on
     ``database_url``; ``skill_folders`` are read at opening. ``run_records``: open the run
     store (background runs are on), with ``pool_size`` database connections.
-    ``auto_migrate`` ``None``: migrate SQLite, only check PostgreSQL.
+    ``auto_migrate`` ``None``: migrate SQLite, only check PostgreSQL. ``secrets``: values the
+    app wants redacted by value, beside the configured key and URL passwords.
     """
 
     tools: tuple[Tool, ...] = ()
@@ -246,6 +284,7 @@ class RuntimeSpec:
     run_records: bool = False
     pool_size: int | None = None
     auto_migrate: bool | None = None
+    secrets: tuple[str, ...] = field(default=(), repr=False)
     environ: dict[str, str] | None = field(default=None, repr=False)
 
     @property
@@ -321,7 +360,7 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
             from agent_plugin.storage import SqlRunStore
 
             runs = SqlRunStore(database)
-        return AgentRuntime(
+        runtime = AgentRuntime(
             settings=settings,
             client=client,
             tools=spec.tools,
@@ -338,6 +377,8 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
             runs=runs,
             owns_client=owns_client,
         )
+        runtime.register_secrets(_configured_secrets(spec, settings))
+        return runtime
     except BaseException:
         try:
             if database is not None:
@@ -346,6 +387,13 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
             if owns_client:
                 await client.aclose()
         raise
+
+
+def _configured_secrets(spec: RuntimeSpec, settings: AgentSettings) -> list[str | None]:
+    """The values redacted by value while a runtime is open: the provider's key, the passwords
+    of the configured URLs, and the secrets the app named."""
+    urls = [settings.base_url, settings.redis_url, settings.database_url]
+    return [settings.api_key(spec.environ), *map(url_password, urls), *spec.secrets]
 
 
 def _client_for(spec: RuntimeSpec, settings: AgentSettings) -> tuple[LlmClient, bool]:

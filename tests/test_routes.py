@@ -18,6 +18,7 @@ from agent_plugin import AgentPlugin, AppAgent, JobOptions
 from agent_plugin.config import AgentSettings
 from agent_plugin.ids import new_run_id
 from agent_plugin.providers.scripted import ScriptedModel
+from agent_plugin.redaction import REDACTED, redact_text
 from agent_plugin.sessions import InMemorySessionStore
 from agent_plugin.web.health import AgentHealth
 
@@ -159,3 +160,42 @@ async def test_an_apps_own_health_route_is_kept_with_a_warning(
         plugin_for(tmp_path).install(app)
     assert "has its own route at /health" in caplog.text
     assert sum(getattr(r, "path", None) == "/health" for r in app.router.routes) == 1
+
+
+async def test_the_start_up_line_says_where_everything_is_without_secrets(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = "qz" + "7f" * 20  # a key of no familiar shape
+    config = tmp_path / "agent.toml"
+    config.write_text("[agent]\nmax_steps = 4\n")
+    plugin = AgentPlugin(
+        model=ScriptedModel(default="done"),
+        session_store=InMemorySessionStore(),
+        jobs=True,
+        environ={
+            "AGENT_PROVIDER": "scripted",
+            "AGENT_API_KEY": key,
+            "AGENT_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'runs.db'}",
+            "AGENT_REDIS_URL": "redis://:hunter2-hunter2@127.0.0.1:6379/3",
+        },
+        config_file=config,
+    )
+    app = FastAPI()
+    plugin.install(app)
+    with caplog.at_level(logging.INFO, logger="agent_plugin"):
+        async with app.router.lifespan_context(app):
+            runtime = plugin.agent(app).runtime
+            assert redact_text(f"the key is {key}.") == f"the key is {REDACTED}."
+            assert "hunter2-hunter2" not in redact_text("pw hunter2-hunter2")
+    [line] = [r.getMessage() for r in caplog.records if "agent plugin started" in r.getMessage()]
+    assert "provider=scripted" in line
+    assert f"database=sqlite+aiosqlite:///{tmp_path / 'runs.db'}" in line
+    assert "redis=redis://:***@127.0.0.1:6379/3" in line
+    assert "queue=agent:queue" in line
+    assert f"settings={config} + environment AGENT_API_KEY" in line
+    assert "AGENT_API_KEY" in line  # names, never values
+    assert "AGENT_REDIS_URL" in line
+    assert key not in caplog.text
+    assert "hunter2" not in caplog.text
+    assert runtime.describe() in line
+    assert redact_text(f"the key is {key}.") == f"the key is {key}."  # closed: no longer known

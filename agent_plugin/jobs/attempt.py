@@ -36,6 +36,7 @@ from agent_plugin.jobs.queue import RunQueue
 from agent_plugin.jobs.redis import SessionLock, ms, quietly
 from agent_plugin.journal import Appended, JournalEntry, Replied, RoundDone, Started, recover
 from agent_plugin.live import ControlWatcher, RunEventStream
+from agent_plugin.logs import run_context
 from agent_plugin.options import EventSink, RunOptions
 from agent_plugin.outcomes import AgentOutcome, AwaitingApproval, RunState
 from agent_plugin.proactive import DEFAULT_DELIVERY_TIMEOUT, ReportSource, deliver_outcome
@@ -257,6 +258,10 @@ class Attempt:
         ``max_deliveries``) instead of letting arq drop it. A run that cannot even start (its
         stored arguments do not decode) raises its error.
         """
+        with run_context(self.run_id):
+            return await self._run()
+
+    async def _run(self) -> Verdict:
         async with Keeper(self.redis, self.job_id, self.options.lease, self._renew_lease) as keeper:
             try:
                 try:
@@ -273,7 +278,8 @@ class Attempt:
                     lock = keeper.lock = SessionLock(
                         self.redis, self.session, self.run_id, prefix=prefix
                     )
-                verdict = await self._within_timeout(args, lock)
+                with run_context(self.run_id, self.session):
+                    verdict = await self._within_timeout(args, lock)
             except (AgentError, RedisError, OSError, TimeoutError) as error:
                 if isinstance(error, AgentError) and not error.retryable:
                     await self.fail_unstarted(error)

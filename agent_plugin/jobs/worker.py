@@ -148,12 +148,18 @@ async def agent_heartbeat(ctx: dict[str, Any]) -> dict[str, Any]:
 
 
 async def start_worker(
-    ctx: dict[str, Any], runtime: AgentRuntime, options: JobOptions, *, upkeep: bool = True
+    ctx: dict[str, Any],
+    runtime: AgentRuntime,
+    options: JobOptions,
+    *,
+    upkeep: bool = True,
+    sources: str | None = None,
 ) -> None:
     """Make arq's context ``ctx`` (with its ``redis``) run agent jobs with ``runtime``: what
     the worker's startup does. ``upkeep``: this worker also does the fleet's upkeep (cutting
     abandoned claims, queueing lost runs again); at least one worker of a fleet must. The
-    worker owns ``runtime`` from now on: :func:`stop_worker` closes it."""
+    worker owns ``runtime`` from now on: :func:`stop_worker` closes it. ``sources``: where the
+    settings came from, for the start-up log line."""
     if runtime.runs is None:
         await runtime.aclose()
         raise AgentError.config("background runs are off for this plugin: pass jobs=True")
@@ -165,7 +171,13 @@ async def start_worker(
         upkeep_task.start()
     watcher = ControlWatcher(redis, prefix=options.live_prefix)
     ctx[_WORKER_KEY] = _Worker(runtime, queue, watcher, upkeep_task)
-    logger.info("agent worker started: %r, %r", runtime, queue)
+    logger.info(
+        "agent worker started: %s queue=%s upkeep=%s%s",
+        runtime.describe(),
+        options.queue_name,
+        "on" if upkeep else "off",
+        f" settings={sources}" if sources else "",
+    )
     if runtime.heartbeat is not None:
         logger.info("agent heartbeat: %s", runtime.heartbeat.description())
 
@@ -183,6 +195,7 @@ def worker_settings(
     options: JobOptions,
     *,
     heartbeat: Heartbeat | None = None,
+    sources: str | None = None,
     **overrides: Any,
 ) -> type[Any]:
     """arq ``WorkerSettings`` that run background runs with the runtime ``open_runtime``
@@ -198,7 +211,7 @@ def worker_settings(
 
     async def on_startup(ctx: dict[str, Any]) -> None:
         runtime = await open_runtime()
-        await start_worker(ctx, runtime, options)
+        await start_worker(ctx, runtime, options, sources=sources)
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         await stop_worker(ctx)

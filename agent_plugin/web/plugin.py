@@ -17,8 +17,9 @@ from fastapi import APIRouter, FastAPI
 from fastapi.params import Depends as DependsParam
 from pydantic import ValidationError
 
+from agent_plugin import logs
 from agent_plugin.compaction import Compaction
-from agent_plugin.config import AgentSettings
+from agent_plugin.config import AgentSettings, config_sources
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.hooks import AgentHooks
 from agent_plugin.jobs import JobOptions, RunQueue
@@ -85,6 +86,8 @@ class AgentPlugin:
       uses its SQL database anyway (the default stores), ``True`` or a :class:`JobOptions`
       turns them on (opening ``database_url`` for the run records even with in-memory
       stores), ``False`` turns them off.
+    * ``secrets``: values to redact by value wherever they appear (events, records, logs,
+      errors), beside the configured key and URL passwords, which are always redacted.
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class AgentPlugin:
         auto_migrate: bool | None = None,
         health: AgentHealth | None = None,
         jobs: JobOptions | bool | None = None,
+        secrets: Iterable[str] = (),
     ) -> None:
         self._tools: list[Tool] = list(tools)
         self._hooks: list[AgentHooks] = list(hooks)
@@ -133,6 +137,9 @@ class AgentPlugin:
         self._configurers: list[Configurer] = []
         self._running: weakref.WeakKeyDictionary[Any, AppAgent] = weakref.WeakKeyDictionary()
         self._jobs = jobs
+        self.secrets = tuple(secrets)
+        """Values redacted by value wherever they appear, beside the configured API key and the
+        passwords of the configured URLs (a token a tool uses, say)."""
 
     def __repr__(self) -> str:
         names = sorted(getattr(t, "name", "?") for t in self._tools)
@@ -259,6 +266,7 @@ class AgentPlugin:
             # a worker runs up to max_jobs runs at once, each with its own transactions
             pool_size=options.max_jobs if options is not None else None,
             auto_migrate=self.auto_migrate,
+            secrets=self.secrets,
             environ=dict(self._environ) if self._environ is not None else None,
         )
 
@@ -274,6 +282,7 @@ class AgentPlugin:
 
         The app's lifespan and every worker call this; ``await runtime.aclose()`` when done.
         """
+        logs.install()
         try:
             return await open_runtime(self.spec(), self.load_settings())
         except AgentError as error:
@@ -328,7 +337,7 @@ class AgentPlugin:
         self._running[app] = agent
         setattr(app.state, STATE_KEY, agent)
         self.health.attach(runtime, agent.queue)
-        logger.info("agent plugin started: %r", runtime)
+        logger.info("agent plugin started: %s", self._started_line(agent))
         try:
             yield
         finally:
@@ -337,6 +346,20 @@ class AgentPlugin:
             del self._running[app]
             await self._close(agent)
             logger.info("agent plugin stopped")
+
+    def _started_line(self, agent: AppAgent) -> str:
+        """What the start-up log line says: the runtime, the queue, where the settings came
+        from (passwords masked, never a key)."""
+        line = agent.runtime.describe()
+        if agent.queue is not None:
+            line += f" queue={agent.queue.options.queue_name}"
+        return f"{line} settings={self._sources()}"
+
+    def _sources(self) -> str:
+        """Where this plugin's settings come from (:func:`~agent_plugin.config.config_sources`)."""
+        if self._settings is not None:
+            return "given in code"
+        return config_sources(self._environ, self._config_file)
 
     def agent(self, app: FastAPI) -> AppAgent:
         """The agent running for ``app``, for code outside a request (startup tasks, scheduled
@@ -378,7 +401,12 @@ class AgentPlugin:
                 "only): pass jobs=True to AgentPlugin to keep run records in database_url"
             )
         return jobs_worker_settings(
-            self.start, self.load_settings(), options, heartbeat=self.heartbeat, **overrides
+            self.start,
+            self.load_settings(),
+            options,
+            heartbeat=self.heartbeat,
+            sources=self._sources(),
+            **overrides,
         )
 
     # --- installing ----------------------------------------------------------------------
