@@ -73,6 +73,7 @@ from agent_plugin.proactive import (
     webhook_signature,
 )
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
+from agent_plugin.redaction import REDACTED, redact_text
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.sessions import InMemorySessionStore
 from agent_plugin.tools import FnTool, Tool, ToolContext, ToolEffect
@@ -928,3 +929,9 @@ async def test_a_followup_is_booked_through_the_agent_loop() -> None:
         "scheduling another"
     }
     assert len(booked) == 1
+
+
+def test_a_webhooks_signing_secret_is_redacted_wherever_it_appears() -> None:
+    secret = "whsec-" + "9a" * 12  # no familiar shape
+    WebhookDelivery("https://hooks.example.com/in", secret=secret)
+    assert redact_text(f"signed with {secret}") == f"signed with {REDACTED}"

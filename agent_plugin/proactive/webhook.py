@@ -16,7 +16,7 @@ import httpx
 
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.proactive.reports import Report
-from agent_plugin.redaction import redact_text, scrub
+from agent_plugin.redaction import redact_text, register_secret, scrub
 
 SIGNATURE_HEADER: Final = "X-Agent-Signature"
 """``sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`` (see :func:`webhook_signature`)."""
@@ -122,6 +122,7 @@ class WebhookDelivery:
                 f"WebhookDelivery needs a signing secret: set the {secret_env} environment "
                 "variable or pass secret=..."
             )
+        register_secret(secret)  # a signing secret never appears in logs, events or records
         self._url = parsed
         self._secret = secret
         self._transport = transport
