@@ -7,7 +7,9 @@ Layers, weakest first (SPEC §0, reference §1.1):
    default file means defaults, a missing file that was named explicitly is an error);
 3. the profile overlay ``agent.<AGENT_PROFILE>.toml`` beside it (named after the config file's
    stem, so ``conf.toml`` gets ``conf.<profile>.toml``); it must exist when a profile is set;
-4. ``AGENT_*`` environment variables (a variable set to the empty string counts as unset);
+4. ``AGENT_*`` variables: a secrets directory (``AGENT_SECRETS_DIR``; one file per variable,
+   named after it), then a ``.env`` file (``AGENT_ENV_FILE``, default ``./.env`` when present),
+   then the process environment; a variable set to the empty string counts as unset;
 5. code overrides given to :meth:`AgentSettings.load`: every key given wins, even when its value
    equals the default.
 
@@ -15,9 +17,10 @@ Each layer is validated on its own, so every error names where the bad value cam
 and key, the environment variable, or the code override) and what would be accepted. Every failure
 is an :class:`~agent_plugin.errors.AgentError` of kind ``config``.
 
-Secrets fail closed: the API key is read from ``AGENT_API_KEY`` only, and ``api_key`` in a file is
-an error. A Redis, database or base URL that carries a password is accepted from the environment
-or code only, never from a file, and ``repr``/``str`` of the settings hide URL passwords.
+Secrets fail closed: the API key is read from ``AGENT_API_KEY`` only, and ``api_key`` in a TOML
+file is an error. A Redis, database or base URL that carries a password is accepted from the
+variables (process environment, ``.env``, secrets directory) or code only, never from a TOML file,
+and ``repr``/``str`` of the settings hide URL passwords.
 """
 
 from __future__ import annotations
@@ -34,7 +37,13 @@ from typing import Any, Final, Literal
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
 
 from agent_plugin.errors import AgentError
 
@@ -42,8 +51,11 @@ __all__ = [
     "API_KEY_ENV",
     "CONFIG_FILE_ENV",
     "DEFAULT_CONFIG_FILE",
+    "DEFAULT_ENV_FILE",
+    "ENV_FILE_ENV",
     "ENV_PREFIX",
     "PROFILE_ENV",
+    "SECRETS_DIR_ENV",
     "AgentSettings",
     "ProviderName",
     "SessionLockPolicy",
@@ -64,7 +76,10 @@ ENV_PREFIX: Final = "AGENT_"
 API_KEY_ENV: Final = "AGENT_API_KEY"
 CONFIG_FILE_ENV: Final = "AGENT_CONFIG_FILE"
 PROFILE_ENV: Final = "AGENT_PROFILE"
+ENV_FILE_ENV: Final = "AGENT_ENV_FILE"
+SECRETS_DIR_ENV: Final = "AGENT_SECRETS_DIR"
 DEFAULT_CONFIG_FILE: Final = "agent.toml"
+DEFAULT_ENV_FILE: Final = ".env"
 TABLE: Final = "agent"
 
 _PROVIDER_SPELLINGS: Final[dict[str, ProviderName]] = {
@@ -189,7 +204,7 @@ def _has_password(url: str) -> bool:
 class _LoadContext:
     """What a construction of :class:`AgentSettings` reads (set by :meth:`AgentSettings.load`)."""
 
-    environ: Mapping[str, str] | None = None
+    variables: _Variables | None = None
     config_file: str | Path | None = None
     layer_only: bool = False
     """Validate the given values alone: no file, no environment (used to check one layer)."""
@@ -324,13 +339,13 @@ class AgentSettings(BaseSettings):
         context = _CONTEXT.get() or _LoadContext()
         if context.layer_only:
             return (init_settings,)
-        environ = os.environ if context.environ is None else context.environ
-        path, named_by = _config_path(environ, context.config_file)
+        variables = context.variables or _Variables.read(None)
+        path, named_by = _config_path(variables, context.config_file)
         sources: list[PydanticBaseSettingsSource] = [
             init_settings,
-            _EnvSource(settings_cls, environ),
+            _EnvSource(settings_cls, variables),
         ]
-        profile = _profile(environ)
+        profile = _profile(variables)
         if profile is not None:
             overlay = path.with_name(f"{path.stem}.{profile}{path.suffix}")
             named = f"{PROFILE_ENV}={profile!r}"
@@ -346,9 +361,10 @@ class AgentSettings(BaseSettings):
         environ: Mapping[str, str] | None = None,
         config_file: str | Path | None = None,
     ) -> AgentSettings:
-        """Read the file, the profile overlay and the environment, then apply ``overrides``.
+        """Read the file, the profile overlay and the variables, then apply ``overrides``.
 
-        ``environ`` replaces ``os.environ`` (tests pass a dict); ``config_file`` replaces
+        ``environ`` replaces ``os.environ`` (tests pass a dict; the ``.env`` file and the secrets
+        directory are still read, as ``environ`` names them); ``config_file`` replaces
         ``AGENT_CONFIG_FILE``. Every key of ``overrides`` wins over the loaded value, even when
         it equals the default. Raises a ``config`` :class:`AgentError` naming the file and key,
         the environment variable or the override, and the accepted values.
@@ -360,7 +376,8 @@ class AgentSettings(BaseSettings):
             fix=f"set {API_KEY_ENV}, or pass api_key= to create_client",
         )
         _validate_layer(values, lambda key: f"code override {key!r}")
-        token = _CONTEXT.set(_LoadContext(environ=environ, config_file=config_file))
+        variables = _Variables.read(environ)
+        token = _CONTEXT.set(_LoadContext(variables=variables, config_file=config_file))
         try:
             return cls(**values)
         except ValidationError as error:
@@ -379,12 +396,13 @@ class AgentSettings(BaseSettings):
         return self.base_url or _DEFAULT_BASE_URL[self.provider]
 
     def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """``AGENT_API_KEY`` from ``environ`` (default ``os.environ``), trimmed; blank is ``None``.
+        """``AGENT_API_KEY``, trimmed; blank is ``None``.
 
-        The key is never a field, so it stays out of ``repr`` and ``model_dump``.
+        Read like every variable: from ``environ`` (default ``os.environ``), else the ``.env``
+        file, else the secrets directory. The key is never a field, so it stays out of ``repr``
+        and ``model_dump``.
         """
-        source = os.environ if environ is None else environ
-        key = source.get(API_KEY_ENV, "").strip()
+        key = (_Variables.read(environ).get(API_KEY_ENV) or "").strip()
         return key or None
 
     def key_required(self) -> bool:
@@ -406,8 +424,8 @@ class AgentSettings(BaseSettings):
             raise AgentError.config(
                 f"{API_KEY_ENV} is not set; the {self.provider} provider at "
                 f"{host.hostname if host else self.resolved_base_url()} needs an API key. "
-                f"Set the environment variable {API_KEY_ENV} (the key is never read from a "
-                "file), or point base_url at a server that needs none."
+                f"Set {API_KEY_ENV} in the environment, the .env file or the secrets directory "
+                "(never in agent.toml), or point base_url at a server that needs none."
             )
         return key
 
@@ -420,6 +438,15 @@ class AgentSettings(BaseSettings):
 
 
 _FIELDS: Final = tuple(AgentSettings.model_fields)
+_VARIABLES: Final = (
+    *(f"{ENV_PREFIX}{name.upper()}" for name in _FIELDS),
+    API_KEY_ENV,
+    CONFIG_FILE_ENV,
+    PROFILE_ENV,
+)
+"""Every variable a secrets directory may hold (not ``AGENT_ENV_FILE`` or ``AGENT_SECRETS_DIR``,
+which name the files: the first is read from the environment only, the second also from
+``.env``)."""
 
 
 def _split(url: str) -> SplitResult | None:
@@ -437,42 +464,39 @@ def config_sources(
 ) -> str:
     """Where settings loaded with ``environ`` and ``config_file`` come from, for a start-up
     log line: the config file (or that there is none), the profile overlay, and the names (never
-    the values) of the ``AGENT_*`` variables that are set."""
-    env = os.environ if environ is None else environ
-    path, _named_by = _config_path(env, config_file)
+    the values) of the ``AGENT_*`` variables that are set, by where each came from."""
+    variables = _Variables.read(environ)
+    path, _named_by = _config_path(variables, config_file)
     parts = [f"{path} (absent: defaults)" if not path.is_file() else str(path)]
-    profile = env.get(PROFILE_ENV, "").strip()
+    profile = (variables.get(PROFILE_ENV) or "").strip()
     if profile:
         parts.append(f"overlay {path.with_name(f'{path.stem}.{profile}{path.suffix}')}")
-    variables = sorted(
-        name
-        for name, value in env.items()
-        if name.startswith(ENV_PREFIX) and value != "" and name not in (CONFIG_FILE_ENV,)
-    )
-    if variables:
-        parts.append("environment " + ", ".join(variables))
+    by_layer: dict[str, list[str]] = {}
+    for name in sorted(variables.values):
+        if name != CONFIG_FILE_ENV:
+            by_layer.setdefault(variables.layers[name], []).append(name)
+    parts.extend(f"{layer} {', '.join(names)}" for layer, names in by_layer.items())
     return " + ".join(parts)
 
 
-def _config_path(
-    environ: Mapping[str, str], config_file: str | Path | None
-) -> tuple[Path, str | None]:
+def _config_path(variables: _Variables, config_file: str | Path | None) -> tuple[Path, str | None]:
     """The config file, and who named it (a named file must exist; the default may be absent)."""
     if config_file is not None:
         return Path(config_file), "the config_file argument"
-    named = environ.get(CONFIG_FILE_ENV, "").strip()
+    named = (variables.get(CONFIG_FILE_ENV) or "").strip()
     if named:
-        return Path(named), CONFIG_FILE_ENV
+        return Path(named), variables.where(CONFIG_FILE_ENV)
     return Path(DEFAULT_CONFIG_FILE), None
 
 
-def _profile(environ: Mapping[str, str]) -> str | None:
-    profile = environ.get(PROFILE_ENV, "").strip()
+def _profile(variables: _Variables) -> str | None:
+    profile = (variables.get(PROFILE_ENV) or "").strip()
     if not profile:
         return None
     if not _PROFILE_NAME.fullmatch(profile) or ".." in profile:
         raise AgentError.config(
-            f"{PROFILE_ENV}={profile!r} is not a valid profile name; accepted: letters, digits, "
+            f"{variables.where(PROFILE_ENV)}={profile!r} is not a valid profile name; accepted: "
+            "letters, digits, "
             "'-', '_' and '.', such as prod or staging"
         )
     return profile
@@ -581,12 +605,111 @@ class _TomlTableSource(PydanticBaseSettingsSource):
         return table
 
 
-class _EnvSource(PydanticBaseSettingsSource):
-    """``AGENT_<FIELD>`` variables, parsed and validated with errors that name the variable."""
+class _Variables:
+    """The ``AGENT_*`` variables a load reads, each with the layer it came from.
 
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+    Strongest first: the process environment (or the ``environ`` given), the ``.env`` file,
+    the secrets directory. Both files are read with pydantic-settings' own sources
+    (:class:`~pydantic_settings.DotEnvSettingsSource`, and the file lookup of
+    :class:`~pydantic_settings.SecretsSettingsSource`); a blank value counts as unset.
+    """
+
+    ENVIRONMENT: Final = "environment"
+
+    def __init__(self, values: Mapping[str, str], layers: Mapping[str, str]) -> None:
+        self.values = dict(values)
+        self.layers = dict(layers)
+        """Each variable's layer: ``environment``, ``.env file <p>`` or ``secrets dir <p>``."""
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None) -> _Variables:
+        base = {
+            name: value
+            for name, value in (os.environ if environ is None else environ).items()
+            if name.startswith(ENV_PREFIX) and value != ""
+        }
+        dotenv, dotenv_layer = _read_env_file(base)
+        secrets_dir = base.get(SECRETS_DIR_ENV) or dotenv.get(SECRETS_DIR_ENV)
+        named_by = cls.ENVIRONMENT if SECRETS_DIR_ENV in base else dotenv_layer
+        secrets, secrets_layer = _read_secrets_dir(secrets_dir, named_by)
+        values: dict[str, str] = {}
+        layers: dict[str, str] = {}
+        weakest_first = ((secrets_layer, secrets), (dotenv_layer, dotenv), (cls.ENVIRONMENT, base))
+        for layer, found in weakest_first:
+            for name, value in found.items():
+                values[name] = value
+                layers[name] = layer
+        return cls(values, layers)
+
+    def get(self, name: str) -> str | None:
+        return self.values.get(name)
+
+    def where(self, name: str) -> str:
+        """``name`` as an error message names it: the variable, and its file when not the
+        process environment."""
+        layer = self.layers.get(name, self.ENVIRONMENT)
+        return name if layer == self.ENVIRONMENT else f"{name} in {layer}"
+
+
+def _read_env_file(base: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """The ``AGENT_*`` values of the ``.env`` file ``base`` names (default ``./.env``, which may
+    be absent; a named file must exist), and the file's layer name."""
+    named = base.get(ENV_FILE_ENV, "").strip()
+    path = Path(named or DEFAULT_ENV_FILE).expanduser()
+    layer = f".env file {path}"
+    if not path.is_file():
+        if named:
+            raise AgentError.config(f"env file {path} does not exist (named by {ENV_FILE_ENV})")
+        return {}, layer
+    source = DotEnvSettingsSource(
+        AgentSettings, env_file=path, env_prefix=ENV_PREFIX, case_sensitive=True
+    )
+    try:
+        found = source.env_vars
+    except (OSError, UnicodeDecodeError) as error:
+        raise AgentError.config(f"cannot read env file {path}: {error}") from None
+    values = {
+        name: value
+        for name, value in found.items()
+        if name.startswith(ENV_PREFIX) and value and name != ENV_FILE_ENV
+    }
+    return values, layer
+
+
+def _read_secrets_dir(named: str | None, named_by: str) -> tuple[dict[str, str], str]:
+    """One value per file of the secrets directory that is named after an ``AGENT_*`` variable
+    (case-insensitive, content trimmed, as pydantic-settings reads Docker and Kubernetes
+    secrets), and the directory's layer name."""
+    if not named or not named.strip():
+        return {}, "secrets dir"
+    path = Path(named.strip()).expanduser()
+    layer = f"secrets dir {path}"
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise AgentError.config(
+            f"secrets dir {path} {what} (named by {SECRETS_DIR_ENV} in the {named_by})"
+        )
+    values: dict[str, str] = {}
+    for name in _VARIABLES:
+        found = SecretsSettingsSource.find_case_path(path, name, case_sensitive=False)
+        if found is None or not found.is_file():
+            continue
+        try:
+            value = found.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise AgentError.config(f"cannot read secret file {found}: {error}") from None
+        if value:
+            values[name] = value
+    return values, layer
+
+
+class _EnvSource(PydanticBaseSettingsSource):
+    """``AGENT_<FIELD>`` variables, parsed and validated with errors that name the variable
+    and, when it came from a file, the file."""
+
+    def __init__(self, settings_cls: type[BaseSettings], variables: _Variables) -> None:
         super().__init__(settings_cls)
-        self.environ = environ
+        self.variables = variables
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         """Unused: :meth:`__call__` reads every variable at once."""
@@ -594,13 +717,13 @@ class _EnvSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
+        where = self.variables.where
         for name in _FIELDS:
-            variable = _variable(name)
-            raw = self.environ.get(variable)
-            if raw is None or raw == "":
+            raw = self.variables.get(_variable(name))
+            if raw is None:
                 continue
-            values[name] = _parse_env(name, variable, raw)
-        _validate_layer(values, lambda name: _variable(name))
+            values[name] = _parse_env(name, where(_variable(name)), raw)
+        _validate_layer(values, lambda name: where(_variable(name)))
         return values
 
 

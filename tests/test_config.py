@@ -16,7 +16,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from agent_plugin.config import AgentSettings, mask_url, parse_provider
+from agent_plugin.config import AgentSettings, config_sources, mask_url, parse_provider
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.messages import ChatMessage
 from agent_plugin.providers.anthropic import AnthropicClient
@@ -794,3 +794,122 @@ async def test_created_client_sends_the_configured_model() -> None:
     finally:
         await client.aclose()
     assert b'"model":"qwen2.5"' in bodies[0].replace(b" ", b"")
+
+
+# --- .env and the secrets directory ------------------------------------------------------
+
+
+def test_a_dotenv_file_in_the_working_directory_is_read_under_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "[agent]\nmax_steps = 4\nmodel = 'from-toml'\n")
+    write(
+        tmp_path,
+        "# comment\nexport AGENT_MAX_STEPS=7\nAGENT_MODEL='from-dotenv'\nOTHER=ignored\n"
+        "AGENT_API_KEY=sk-dotenv-12345\nAGENT_REDIS_URL=redis://:hunter22@cache:6379/0\n",
+        name=".env",
+    )
+    settings = AgentSettings.load(environ={"AGENT_MODEL": "from-environment"})
+    assert settings.max_steps == 7  # .env beats agent.toml
+    assert settings.model == "from-environment"  # the environment beats .env
+    assert settings.redis_url == "redis://:hunter22@cache:6379/0"  # a password is fine in .env
+    assert settings.api_key({}) == "sk-dotenv-12345"
+    assert settings.api_key({"AGENT_API_KEY": "sk-env-67890"}) == "sk-env-67890"
+    # A blank variable in the environment counts as unset, so the file's value shows through.
+    assert AgentSettings.load(environ={"AGENT_MAX_STEPS": ""}).max_steps == 7
+
+
+def test_agent_env_file_names_another_file_which_must_exist(tmp_path: Path) -> None:
+    env_file = write(tmp_path, "AGENT_MAX_STEPS=9\nAGENT_PROFILE=prod\n", name="prod.env")
+    write(tmp_path, "[agent]\nmax_steps = 3\n")
+    write(tmp_path, "[agent]\nmodel = 'overlay'\n", name="agent.prod.toml")
+    environ = {"AGENT_ENV_FILE": str(env_file), "AGENT_CONFIG_FILE": str(tmp_path / "agent.toml")}
+    settings = AgentSettings.load(environ=environ)
+    assert (settings.max_steps, settings.model) == (9, "overlay")  # the profile came from .env
+
+    missing = tmp_path / "missing.env"
+    with pytest.raises(AgentError) as caught:
+        AgentSettings.load(environ={"AGENT_ENV_FILE": str(missing)})
+    assert caught.value.kind is ErrorKind.CONFIG
+    assert str(missing) in str(caught.value)
+    assert "AGENT_ENV_FILE" in str(caught.value)
+
+
+def test_a_bad_value_in_dotenv_names_the_variable_and_the_file(tmp_path: Path) -> None:
+    env_file = write(tmp_path, "AGENT_MAX_STEPS=lots\n", name="bad.env")
+    with pytest.raises(AgentError) as caught:
+        AgentSettings.load(environ={"AGENT_ENV_FILE": str(env_file)})
+    message = str(caught.value)
+    assert f"AGENT_MAX_STEPS in .env file {env_file} must be a whole number" in message
+    assert "'lots'" in message
+    assert "1 to 1000" in message
+
+    write(tmp_path, "AGENT_PROVIDER=gemini\n", name="bad.env")
+    with pytest.raises(AgentError, match=r"AGENT_PROVIDER in \.env file .*unknown provider"):
+        AgentSettings.load(environ={"AGENT_ENV_FILE": str(env_file)})
+
+
+def test_a_secrets_directory_holds_one_variable_per_file(tmp_path: Path) -> None:
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "agent_api_key").write_text("  sk-secret-12345\n", encoding="utf-8")
+    (secrets / "AGENT_DATABASE_URL").write_text(
+        "postgresql+asyncpg://app:s3cr3t-pw@db/app\n", encoding="utf-8"
+    )
+    (secrets / "AGENT_MAX_STEPS").write_text("5", encoding="utf-8")
+    (secrets / "unrelated").write_text("x", encoding="utf-8")
+    env_file = write(tmp_path, "AGENT_MAX_STEPS=6\n", name="app.env")
+    environ = {"AGENT_SECRETS_DIR": str(secrets), "AGENT_CONFIG_FILE": str(tmp_path / "no.toml")}
+    write(tmp_path, "", name="no.toml")
+
+    settings = AgentSettings.load(environ=environ)
+    assert settings.max_steps == 5
+    assert settings.database_url == "postgresql+asyncpg://app:s3cr3t-pw@db/app"
+    assert "s3cr3t-pw" not in repr(settings)
+    assert settings.api_key(environ) == "sk-secret-12345"
+    # .env beats the secrets directory, and may name the directory itself.
+    both = {**environ, "AGENT_ENV_FILE": str(env_file)}
+    assert AgentSettings.load(environ=both).max_steps == 6
+    write(tmp_path, f"AGENT_SECRETS_DIR={secrets}\n", name="app.env")
+    named_in_dotenv = {
+        "AGENT_ENV_FILE": str(env_file),
+        "AGENT_CONFIG_FILE": environ["AGENT_CONFIG_FILE"],
+    }
+    assert AgentSettings.load(environ=named_in_dotenv).max_steps == 5
+
+    (secrets / "AGENT_MAX_STEPS").write_text("zero", encoding="utf-8")
+    with pytest.raises(
+        AgentError, match=rf"AGENT_MAX_STEPS in secrets dir {re.escape(str(secrets))}"
+    ):
+        AgentSettings.load(environ=environ)
+
+
+@pytest.mark.parametrize("make", ["missing", "file"])
+def test_a_secrets_dir_that_is_not_a_directory_is_a_config_error(tmp_path: Path, make: str) -> None:
+    target = tmp_path / "secrets"
+    if make == "file":
+        target.write_text("", encoding="utf-8")
+    with pytest.raises(AgentError) as caught:
+        AgentSettings.load(environ={"AGENT_SECRETS_DIR": str(target)})
+    assert caught.value.kind is ErrorKind.CONFIG
+    expected = "does not exist" if make == "missing" else "is not a directory"
+    assert f"secrets dir {target} {expected}" in str(caught.value)
+
+
+def test_config_sources_name_each_variable_by_its_layer_never_its_value(tmp_path: Path) -> None:
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "AGENT_API_KEY").write_text("sk-secret-12345", encoding="utf-8")
+    env_file = write(tmp_path, "AGENT_MODEL=m\n", name="app.env")
+    environ = {
+        "AGENT_ENV_FILE": str(env_file),
+        "AGENT_SECRETS_DIR": str(secrets),
+        "AGENT_MAX_STEPS": "3",
+        "AGENT_CONFIG_FILE": str(tmp_path / "agent.toml"),
+    }
+    line = config_sources(environ)
+    assert f"secrets dir {secrets} AGENT_API_KEY" in line
+    assert f".env file {env_file} AGENT_MODEL" in line
+    assert "environment AGENT_ENV_FILE, AGENT_MAX_STEPS, AGENT_SECRETS_DIR" in line
+    assert "sk-secret" not in line
