@@ -3,6 +3,7 @@ models; they leave an application's own tables alone; the CLI runs them."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -164,18 +165,99 @@ def test_the_cli_migrates_in_a_new_process(tmp_path: Path) -> None:
 # The same entry point in-process (a new process costs seconds on a busy machine).
 
 
-def test_the_cli_takes_a_direction_a_revision_and_the_url_from_the_environment(
+class Terminal(io.StringIO):
+    """A stdin that says it is a terminal, so the downgrade asks."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_cli_reads_the_apps_database_url_from_its_config_layers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "plain.db"
-    monkeypatch.setenv("AGENT_DATABASE_URL", f"sqlite:///{path}")  # a plain URL works too
-    assert main(["migrate", "upgrade", "0001"]) == 0
-    assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
-    assert main(["migrate", "downgrade"]) == 0
-    assert sqlite_tables(path) == [VERSION_TABLE]
-    assert "base (no tables)" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    for name in ("AGENT_DATABASE_URL", "AGENT_CONFIG_FILE", "AGENT_PROFILE", "AGENT_ENV_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "agent.toml").write_text(
+        "[agent]\ndatabase_url = 'sqlite+aiosqlite:///./from-toml.db'\n", encoding="utf-8"
+    )
     assert main(["migrate"]) == 0
+    assert sqlite_tables(tmp_path / "from-toml.db") == sorted([*PLUGIN_TABLES, VERSION_TABLE])
+    # The profile overlay and .env are the app's layers too.
+    (tmp_path / "agent.prod.toml").write_text(
+        "[agent]\ndatabase_url = 'sqlite+aiosqlite:///./from-overlay.db'\n", encoding="utf-8"
+    )
+    (tmp_path / ".env").write_text("AGENT_PROFILE=prod\n", encoding="utf-8")
+    assert main(["migrate", "upgrade", "0002"]) == 0
+    assert "at revision 0002 (behind head 0005" in capsys.readouterr().out
+    assert (tmp_path / "from-overlay.db").is_file()
+    monkeypatch.setenv("AGENT_DATABASE_URL", f"sqlite:///{tmp_path / 'plain.db'}")  # plain works
+    assert main(["migrate", "current"]) == 0
+    assert "is at base (no plugin tables); head is 0005 (database_url of the app's settings)" in (
+        capsys.readouterr().out
+    )
+    # --database-url beats the layers, before or after the action.
+    other = sqlite_url(tmp_path / "other.db")
+    assert main(["migrate", "--database-url", other]) == 0
+    assert main(["migrate", "current", "--database-url", other]) == 0
+    assert "other.db is at revision 0005 (head) (--database-url)" in capsys.readouterr().out
+
+
+def test_a_downgrade_needs_a_revision_and_a_confirmation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "down.db"
+    url = ["--database-url", sqlite_url(path)]
+    assert main(["migrate", *url]) == 0
+    with pytest.raises(SystemExit):
+        main(["migrate", "downgrade", *url])  # no revision: refused by the parser
+    capsys.readouterr()
+
+    # Not a terminal and no --yes: refused, and nothing changes.
+    assert main(["migrate", "downgrade", "0003", *url], stdin=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert "undoes 0005, 0004" in err
+    assert "--yes" in err
     assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
+
+    # A terminal asks; anything but yes cancels.
+    asked: list[str] = []
+
+    def answer(reply: str) -> Callable[[str], str]:
+        def confirm(question: str) -> str:
+            asked.append(question)
+            return reply
+
+        return confirm
+
+    assert main(["migrate", "downgrade", "base", *url], confirm=answer(""), stdin=Terminal()) == 2
+    assert "drops every plugin table" in asked[-1]
+    assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
+    assert main(["migrate", "downgrade", "base", *url], confirm=answer("y"), stdin=Terminal()) == 0
+    assert sqlite_tables(path) == [VERSION_TABLE]
+    assert "is at base (no plugin tables)" in capsys.readouterr().out
+
+    # --yes goes ahead without asking; a downgrade with nothing to undo asks nothing.
+    assert main(["migrate", "upgrade", "0003", *url]) == 0
+    assert main(["migrate", "downgrade", "0001", "--yes", *url], confirm=answer("n")) == 0
+    assert "at revision 0001" in capsys.readouterr().out
+    count = len(asked)
+    assert main(["migrate", "downgrade", "0001", *url], confirm=answer("n"), stdin=Terminal()) == 0
+    assert len(asked) == count
+
+
+def test_history_marks_the_head_and_the_current_revision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = ["--database-url", sqlite_url(tmp_path / "history.db")]
+    assert main(["migrate", "history", *url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("0005 (head)  Runs are listed newest first")
+    assert lines[-1] == "base (current)  no plugin tables"
+    assert [line.split()[0] for line in lines] == ["0005", "0004", "0003", "0002", "0001", "base"]
+    assert main(["migrate", "upgrade", "0002", *url]) == 0
+    assert main(["migrate", "history", *url]) == 0
+    assert "0002 (current)  Run records" in capsys.readouterr().out
 
 
 def test_the_cli_reports_errors_without_the_password(
@@ -191,8 +273,11 @@ def test_the_cli_reports_errors_without_the_password(
 
     assert main(["migrate", "upgrade", "nope", "--database-url", "sqlite://"]) == 1
     assert "[Config] cannot upgrade to 'nope'" in capsys.readouterr().err
+    assert main(["migrate", "downgrade", "nope", "--yes", "--database-url", "sqlite://"]) == 1
+    assert "[Config] unknown revision 'nope'" in capsys.readouterr().err
 
-    assert main(["migrate"]) == 2
-    assert "AGENT_DATABASE_URL" in capsys.readouterr().err
+    monkeypatch.setenv("AGENT_MAX_STEPS", "lots")  # the app's settings are checked as the app would
+    assert main(["migrate"]) == 1
+    assert "AGENT_MAX_STEPS must be a whole number" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["migrate", "sideways"])

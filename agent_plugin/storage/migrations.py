@@ -8,6 +8,7 @@ application's own Alembic history in the same database.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
@@ -15,16 +16,20 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
 from agent_plugin.errors import AgentError
 
 __all__ = [
     "VERSION_TABLE",
+    "Revision",
     "alembic_config",
     "current_revision",
     "include_name",
     "migrations_dir",
+    "revisions",
+    "revisions_between",
     "run_migrations",
 ]
 
@@ -83,3 +88,54 @@ def include_name(name: str | None, type_: str, _parent_names: object) -> bool:
     if type_ == "table":
         return name is not None and name.startswith(TABLE_PREFIX) and name != VERSION_TABLE
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """One migration of the plugin's history."""
+
+    id: str
+    down: str | None
+    """The revision it follows; ``None`` for the first."""
+    title: str
+    """The first paragraph of its docstring, on one line."""
+
+
+def revisions() -> list[Revision]:
+    """The plugin's migrations, newest first (the head is the first)."""
+    script = ScriptDirectory.from_config(alembic_config())
+    found = []
+    for item in script.walk_revisions():
+        down = item.down_revision
+        found.append(
+            Revision(
+                id=item.revision,
+                down=down if isinstance(down, str) else None,
+                title=" ".join((item.doc or "").replace("``", "").split("\n\n")[0].split()),
+            )
+        )
+    return found
+
+
+def revisions_between(current: str | None, target: str) -> list[Revision]:
+    """The migrations a downgrade from ``current`` to ``target`` undoes, newest first.
+
+    ``target`` is a revision id or ``base``. Raises a ``config`` error for an unknown revision
+    or one that is not below ``current``.
+    """
+    history = revisions()
+    ids = [item.id for item in history]
+    if target != "base" and target not in ids:
+        raise AgentError.config(
+            f"unknown revision {target!r}; the plugin's revisions are: base, "
+            + ", ".join(reversed(ids))
+        )
+    if current is None:
+        return []
+    start = ids.index(current) if current in ids else 0
+    stop = len(ids) if target == "base" else ids.index(target)
+    if stop < start:
+        raise AgentError.config(
+            f"revision {target!r} is newer than the database's {current!r}; use upgrade"
+        )
+    return history[start:stop]
