@@ -6,7 +6,7 @@ connection as plain JSON. One run (or resume) emits, in order [OP-01]::
     run_start
       turn_start
         model_request  (text_delta | thinking_delta | tool_call_delta)*  (retry)*  model_response
-        (approval_required | tool_start* tool_end*)
+        (approval_required | tool_start* tool_progress* tool_end*)
       turn_end
       ...
     run_end            exactly once, on every exit path, errors included [OP-02]
@@ -50,6 +50,7 @@ __all__ = [
     "ThinkingDeltaEvent",
     "ToolCallDeltaEvent",
     "ToolFinished",
+    "ToolProgress",
     "ToolStarted",
     "TurnEnded",
     "TurnStarted",
@@ -121,6 +122,17 @@ class ToolStarted(_Event):
     call_id: str
     name: str
     arguments: JsonValue
+
+
+class ToolProgress(_Event):
+    """A running tool's own report (:meth:`ToolContext.report_progress
+    <agent_plugin.tools.ToolContext.report_progress>`): how far it is, from 0 to 1."""
+
+    type: Literal["tool_progress"] = "tool_progress"
+    call_id: str
+    name: str
+    fraction: float = Field(ge=0.0, le=1.0)
+    message: str | None = None
 
 
 class ToolFinished(_Event):
@@ -227,6 +239,7 @@ AgentEvent: TypeAlias = Annotated[
     | RetryScheduled
     | ModelResponded
     | ToolStarted
+    | ToolProgress
     | ToolFinished
     | ApprovalRequired
     | Steered

@@ -21,12 +21,13 @@ from typing import Any, Final
 
 from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
 from agent_plugin.errors import AgentError
-from agent_plugin.events import AgentEvent, ToolFinished, ToolStarted
+from agent_plugin.events import AgentEvent, ToolFinished, ToolProgress, ToolStarted
 from agent_plugin.hooks import Block, CancelRun, HookSet, Modify, PauseRun, ToolOutput
 from agent_plugin.messages import TokenUsage, ToolCall
 from agent_plugin.outcomes import Denied, Finished, PendingCall, Rejected
 from agent_plugin.redaction import redact
 from agent_plugin.tools import (
+    ProgressSink,
     Tool,
     ToolContext,
     ToolRegistry,
@@ -128,7 +129,11 @@ class ToolRound:
     async def _run(self, pending: list[PendingCall], step: int) -> RoundResult:
         contexts = [
             ToolContext(
-                run_id=self.run_id, call_id=p.call.id, session_id=self.session_id, step=step
+                run_id=self.run_id,
+                call_id=p.call.id,
+                session_id=self.session_id,
+                step=step,
+                progress=self._progress_of(p.call),
             )
             for p in pending
         ]
@@ -138,6 +143,25 @@ class ToolRound:
         if sequential or len(pending) == 1:
             return await self._one_by_one(pending, contexts)
         return await self._together(pending, contexts)
+
+    def _progress_of(self, call: ToolCall) -> ProgressSink | None:
+        """The call's progress reports, as ``tool_progress`` events on the run's stream."""
+        emit = self.emit
+        if emit is None:
+            return None
+
+        def report(fraction: float, message: str | None) -> None:
+            emit(
+                ToolProgress(
+                    run_id=self.run_id,
+                    call_id=call.id,
+                    name=call.name,
+                    fraction=fraction,
+                    message=message,
+                )
+            )
+
+        return report
 
     async def _one_by_one(
         self, pending: list[PendingCall], contexts: list[ToolContext]

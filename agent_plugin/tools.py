@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import math
 import re
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Any, Final, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
 
@@ -38,9 +39,11 @@ from agent_plugin.errors import AgentError
 from agent_plugin.messages import ToolDefinition
 
 __all__ = [
+    "MAX_PROGRESS_MESSAGE",
     "TRUNCATION_MARKER",
     "FnTool",
     "FunctionTool",
+    "ProgressSink",
     "Tool",
     "ToolContext",
     "ToolEffect",
@@ -58,6 +61,12 @@ R = TypeVar("R")
 
 TRUNCATION_MARKER: Final = "…[truncated]"
 """Appended to a tool output cut at the per-tool output limit [AP-24]."""
+
+MAX_PROGRESS_MESSAGE: Final = 500
+"""Characters of a progress message that are kept (the rest is cut with the marker)."""
+
+ProgressSink = Callable[[float, "str | None"], None]
+"""Receives a tool call's progress reports: ``(fraction, message)``."""
 
 _NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """Tool names both OpenAI-compatible servers and Anthropic accept."""
@@ -113,7 +122,7 @@ def _rank(other: object) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ToolContext:
-    """What a tool learns about the call it is serving.
+    """What a tool learns about the call it is serving, and how it reports progress.
 
     ``run_id + call_id`` is a good idempotency key for side effects: a retried background job
     re-runs the loop with the same run id. ``step`` is the 0-based tool round that issued the call.
@@ -123,11 +132,31 @@ class ToolContext:
     call_id: str
     session_id: str | None = None
     step: int = 0
+    progress: ProgressSink | None = field(default=None, repr=False, compare=False)
+    """Where :meth:`report_progress` goes (set by the loop; ``None``: nowhere)."""
 
     @classmethod
     def detached(cls, call_id: str) -> ToolContext:
         """A context for a call made outside any run: run id ``"detached"``, no session, step 0."""
         return cls(run_id="detached", call_id=call_id)
+
+    async def report_progress(self, fraction: float, message: str | None = None) -> None:
+        """Say how far the call is: ``fraction`` from 0 to 1 (kept in range), and a short
+        message (at most :data:`MAX_PROGRESS_MESSAGE` characters are kept).
+
+        The run's stream gets a ``tool_progress`` event; a background run's record shows it
+        too (written at most a few times a second). A call outside a run reports nowhere.
+        Raises ``ValueError`` for a ``fraction`` that is not a finite number.
+        """
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ValueError(f"fraction must be a number from 0 to 1, got {fraction!r}")
+        if not math.isfinite(fraction):
+            raise ValueError(f"fraction must be a finite number from 0 to 1, got {fraction!r}")
+        if message is not None and not isinstance(message, str):
+            raise ValueError(f"message must be text or None, got {type(message).__name__}")
+        if self.progress is not None:
+            text = None if message is None else truncate_chars(message, MAX_PROGRESS_MESSAGE)
+            self.progress(min(max(float(fraction), 0.0), 1.0), text)
 
 
 @dataclass(frozen=True, slots=True)

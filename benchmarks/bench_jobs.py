@@ -87,7 +87,7 @@ from agent_plugin.agent import Agent
 from agent_plugin.errors import AgentError
 from agent_plugin.ids import new_run_id
 from agent_plugin.jobs import JobOptions, RunArgs, runtime_of
-from agent_plugin.jobs.attempt import ProgressAtCheckpoints
+from agent_plugin.jobs.progress import ProgressAtCheckpoints
 from agent_plugin.journal import InMemoryJournal, JournalEntry, Started, ToolDone
 from agent_plugin.messages import Role
 from agent_plugin.options import RunOptions

@@ -2,13 +2,14 @@
 runs), :mod:`~agent_plugin.jobs.options`, :mod:`~agent_plugin.jobs.redis` (keys, the session
 lock), :mod:`~agent_plugin.jobs.queue` (the enqueue side), :mod:`~agent_plugin.jobs.upkeep`
 (claims, the reconciler), :mod:`~agent_plugin.jobs.attempt` (one delivery, one verdict),
+:mod:`~agent_plugin.jobs.progress` (what the record says of how far a run is),
 :mod:`~agent_plugin.jobs.ticks` (heartbeats) and :mod:`~agent_plugin.jobs.worker` (arq's
 ``WorkerSettings``). ``docs/background-runs.md`` tells what survives what.
 """
 
 from agent_plugin.jobs.args import RunArgs, RunHandle, RunOrigin, tick_run_id
-from agent_plugin.jobs.attempt import progress_of
 from agent_plugin.jobs.options import JobOptions
+from agent_plugin.jobs.progress import progress_of
 from agent_plugin.jobs.queue import AGENT_RESUME, AGENT_RUN, HeartbeatStats, RunQueue
 from agent_plugin.jobs.redis import SessionLock
 from agent_plugin.jobs.ticks import AGENT_HEARTBEAT, heartbeat_cron

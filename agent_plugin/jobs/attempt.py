@@ -28,13 +28,15 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from agent_plugin import sessions
+from agent_plugin.agent import Agent
 from agent_plugin.cancellation import CancelToken, stop_task
 from agent_plugin.errors import AgentError, ErrorKind, describe
-from agent_plugin.events import AgentEvent, OutcomeSummary, RetryScheduled, RunEnded
+from agent_plugin.events import AgentEvent, OutcomeSummary, RetryScheduled, RunEnded, ToolProgress
 from agent_plugin.jobs.args import RunArgs
+from agent_plugin.jobs.progress import ProgressAtCheckpoints, ToolProgressWriter
 from agent_plugin.jobs.queue import RunQueue
 from agent_plugin.jobs.redis import SessionLock, ms, quietly
-from agent_plugin.journal import Appended, JournalEntry, Replied, RoundDone, Started, recover
+from agent_plugin.journal import JournalEntry, Started, recover
 from agent_plugin.live import ControlWatcher, RunEventStream
 from agent_plugin.logs import run_context
 from agent_plugin.options import EventSink, RunOptions
@@ -48,12 +50,10 @@ __all__ = [
     "Attempt",
     "Done",
     "Keeper",
-    "ProgressAtCheckpoints",
     "RetryIn",
     "Stage",
     "Superseded",
     "Verdict",
-    "progress_of",
 ]
 
 logger = logging.getLogger("agent_plugin.jobs")
@@ -106,45 +106,6 @@ class Stage(Enum):
     """The run had ended (or paused) before this delivery: a lock in its name is left over."""
     SUPERSEDED = "superseded"
     """Another delivery took the run over."""
-
-
-# --- progress -------------------------------------------------------------------------------
-
-
-def progress_of(steps_used: int, max_steps: int) -> tuple[int, str]:
-    """The percentage and message of a run before a model call.
-
-    ``min(steps, max) * 99 // max`` with ``max = max(max_steps, 1)`` (a run reads 100 only
-    when it is complete), and ``"step <steps> of <max_steps>"``.
-    """
-    top = max(max_steps, 1)
-    return min(steps_used, top) * 99 // top, f"step {steps_used} of {max_steps}"
-
-
-class ProgressAtCheckpoints:
-    """The run's progress, written with the checkpoint that comes before each model call.
-
-    The model is asked only after a checkpoint of one of these: ``started`` (the run begins or
-    resumes), ``round_done`` (a round of tool calls ended) or ``appended`` (steering joined),
-    so writing ``progress_of(steps, max_steps)`` in the same transaction as those entries
-    reports the progress before every model call without a transaction of its own.
-    ``steps`` is what the latest ``started`` or ``replied`` entry counted: what the run's
-    ``steps_used`` is when it next asks the model.
-    """
-
-    def __init__(self, max_steps: int) -> None:
-        self.max_steps = max_steps
-        self.steps = 0
-
-    def __call__(self, entry: JournalEntry) -> tuple[int, str] | None:
-        if isinstance(entry, Replied):
-            self.steps = entry.steps_used
-            return None
-        if isinstance(entry, Started):
-            self.steps = entry.state.steps_used
-        elif not isinstance(entry, RoundDone | Appended):
-            return None
-        return progress_of(self.steps, self.max_steps)
 
 
 # --- what a running delivery holds ---------------------------------------------------------
@@ -244,6 +205,8 @@ class Attempt:
         self.stream: RunEventStream | None = None
         self.held_end: RunEnded | None = None
         """The agent's own ``run_end``: published once the record says how the run ended."""
+        self.progress: ProgressAtCheckpoints | None = None
+        """How far the run is, as its record says (set once it is driven)."""
 
     @property
     def lock_ttl(self) -> float:
@@ -365,7 +328,10 @@ class Attempt:
             return await self._give_up(attempt)
         try:
             outcome = await self._drive(record, args)
-            record = await self.store.finish(self.run_id, outcome, attempt=attempt)
+            ended_at = self.progress.at_end(outcome) if self.progress is not None else None
+            record = await self.store.finish(
+                self.run_id, outcome, attempt=attempt, progress=ended_at
+            )
             await self._publish_end(self.held_end or RunEnded.of(self.run_id, outcome))
         except AgentError as error:
             return await self._failed(error, attempt)
@@ -637,38 +603,45 @@ class Attempt:
     # --- what the run does -----------------------------------------------------------------
 
     async def _drive(self, record: RunRecord, args: RunArgs) -> AgentOutcome:
-        """Run :meth:`_drive_live` while the run's events go to its Redis stream and its
-        control channel (cancel, steering) reaches its cancel token and steering queue."""
-        live = self.live = _Live(CancelToken(), Steering(), None)
+        """Run :meth:`_drive_live` while the run's events go to its Redis stream (and its
+        tools' progress reports to its record), and its control channel (cancel, steering)
+        reaches its cancel token and steering queue."""
+        agent = self.runtime.agent_for(args.overrides, book_followup=self.queue.enqueue_followup)
+        rule = self.progress = ProgressAtCheckpoints(agent.budget.max_steps)
         async with contextlib.AsyncExitStack() as stack:
-            if self.options.events:
-                publish = await stack.enter_async_context(self._event_stream().publisher())
+            tool_progress = ToolProgressWriter(self.store, self.run_id, rule)
+            stack.push_async_callback(tool_progress.aclose)
+            publish = (
+                await stack.enter_async_context(self._event_stream().publisher())
+                if self.options.events
+                else None
+            )
 
-                def sink(event: AgentEvent) -> None:
-                    if isinstance(event, RunEnded):  # published by _publish_end, see there
-                        self.held_end = event
-                        return
+            def sink(event: AgentEvent) -> None:
+                if isinstance(event, RunEnded):  # published by _publish_end, see there
+                    self.held_end = event
+                    return
+                if isinstance(event, ToolProgress):
+                    tool_progress.report(event)
+                if publish is not None:
                     publish(event)
 
-                live.sink = sink
+            live = self.live = _Live(CancelToken(), Steering(), sink)
             try:
                 await stack.enter_async_context(
                     self.watcher.watch(self.run_id, live.cancel, live.steering)
                 )
             except (RedisError, OSError, TimeoutError) as error:
                 logger.warning("run %s: cannot watch its control channel: %s", self.run_id, error)
-            return await self._drive_live(record, args, live)
+            return await self._drive_live(record, args, agent, live)
 
-    async def _drive_live(self, record: RunRecord, args: RunArgs, live: _Live) -> AgentOutcome:
+    async def _drive_live(
+        self, record: RunRecord, args: RunArgs, agent: Agent, live: _Live
+    ) -> AgentOutcome:
         """Continue the run from wherever it is: a resume, a checkpoint, or the start."""
         store = self.store
         runtime = self.runtime
-        agent = runtime.agent_for(args.overrides, book_followup=self.queue.enqueue_followup)
-        journal = store.journal(
-            self.run_id,
-            attempt=record.attempt,
-            progress=ProgressAtCheckpoints(agent.budget.max_steps),
-        )
+        journal = store.journal(self.run_id, attempt=record.attempt, progress=self.progress)
         options = RunOptions(
             run_id=self.run_id,
             cancel=live.cancel,

@@ -158,6 +158,10 @@ PROGRESS: Final = (
         updated_at=NOW,
     )
 )
+PROGRESS_FORWARD: Final = PROGRESS.where(
+    RUNS.progress_pct <= sa.bindparam("pct", type_=sa.Integer())
+)
+""":data:`PROGRESS` that never moves a run's percentage back."""
 
 
 async def read_status(conn: AsyncConnection, run_id: str) -> str | None:

@@ -70,6 +70,7 @@ from agent_plugin.storage.run_sql import (
     GET,
     MAX_PAGE,
     PROGRESS,
+    PROGRESS_FORWARD,
     RECORD_COLUMNS,
     RUNNABLE,
     RUNS,
@@ -387,20 +388,29 @@ class SqlRunStore:
                 return
             after = (rows[-1].updated_at, rows[-1].run_id)
 
-    async def progress(self, run_id: str, pct: int, message: str) -> None:
+    async def progress(
+        self, run_id: str, pct: int, message: str, *, forward_only: bool = False
+    ) -> None:
         """Report progress of a run in progress (one ``UPDATE``; ``pct`` is kept in 0..100).
 
-        Ignored when the run is no longer in progress (a late report changes nothing);
-        ``NOT_FOUND`` for an unknown run.
+        Ignored when the run is no longer in progress (a late report changes nothing), and
+        with ``forward_only`` when the record's percentage is already higher; ``NOT_FOUND``
+        for an unknown run.
         """
+        statement = PROGRESS_FORWARD if forward_only else PROGRESS
         async with self.database.write() as conn:
-            if (await conn.execute(PROGRESS, progress_values(run_id, pct, message))).rowcount:
+            if (await conn.execute(statement, progress_values(run_id, pct, message))).rowcount:
                 return
             if await read_status(conn, run_id) is None:
                 raise not_found(run_id)
 
     async def finish(
-        self, run_id: str, outcome: AgentOutcome, *, attempt: int | None = None
+        self,
+        run_id: str,
+        outcome: AgentOutcome,
+        *,
+        attempt: int | None = None,
+        progress: tuple[int, str] | None = None,
     ) -> RunRecord:
         """Record how a queued or running run ended, and move it to the outcome's status.
 
@@ -408,6 +418,8 @@ class SqlRunStore:
         kept server-side for :meth:`take_paused_state`. Accepted decisions of a previous pause
         are cleared. A run in any other status: ``CONFLICT``. With ``attempt`` (a worker's
         delivery), only that attempt may: a delivery a later one took over gets ``CONFLICT``.
+        ``progress`` is the ``(pct, message)`` the record ends with (a complete run's
+        percentage is 100 whatever it says).
         """
         status = status_of(outcome)
         state = outcome.state if isinstance(outcome, AwaitingApproval | Paused) else None
@@ -423,6 +435,9 @@ class SqlRunStore:
         }
         if status.finished:
             values["finished_at"] = now
+        if progress is not None:
+            values["progress_pct"] = min(max(int(progress[0]), 0), 100)
+            values["progress_message"] = progress[1]
         if status is RunStatus.COMPLETE:
             values["progress_pct"] = 100
         return await self._move(run_id, "finish", RUNNABLE, attempt=attempt, **values)
