@@ -114,6 +114,8 @@ _BOOL_FIELDS: Final = frozenset({"prompt_caching"})
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
 _PROFILE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_DOTTED: Final = r"[^\W\d]\w*(?:\.[^\W\d]\w*)*"
+_IMPORT_PATH: Final = re.compile(f"{_DOTTED}:{_DOTTED}")
 _URL_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 _MASK: Final = "***"
 
@@ -133,6 +135,7 @@ _ACCEPTED: Final[dict[str, str]] = {
     "health_path": "a path that starts with '/' and does not end with '/', such as /health",
     "session_lock": "queue or reject",
     "max_request_bytes": "a whole number of bytes from 1024 to 1073741824",
+    "model_client": "an import path such as tests.models:support_bot, or unset",
 }
 
 
@@ -253,6 +256,11 @@ class AgentSettings(BaseSettings):
         le=1 << 30,
         description="The largest request body an agent route reads (413 beyond it).",
     )
+    model_client: str | None = Field(
+        default=None,
+        description="Import path (module:name) of an LlmClient, or of a function of the "
+        "settings that makes one; replaces the provider (tests script app and worker alike).",
+    )
 
     @field_validator("provider", mode="before")
     @classmethod
@@ -311,6 +319,15 @@ class AgentSettings(BaseSettings):
         if isinstance(value, str) and value.strip().lower() in ("queue", "reject"):
             return value.strip().lower()
         raise ValueError(f"must be queue or reject, got {value!r}")
+
+    @field_validator("model_client")
+    @classmethod
+    def _check_import_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not _IMPORT_PATH.fullmatch(value):
+            raise ValueError(f"must read package.module:name, got {value!r}")
+        return value
 
     @field_validator("route_prefix", "health_path")
     @classmethod

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -404,9 +405,40 @@ def _client_for(spec: RuntimeSpec, settings: AgentSettings) -> tuple[LlmClient, 
         built = model(settings)
         if built is not None:
             return built, True
+    if settings.model_client is not None:
+        return _imported_client(settings.model_client, settings)
     api_key = settings.require_api_key(spec.environ)
     transport = spec.http_transport() if spec.http_transport is not None else None
     return create_client(settings, api_key=api_key, transport=transport), True
+
+
+def _imported_client(path: str, settings: AgentSettings) -> tuple[LlmClient, bool]:
+    """The client ``model_client`` names: a client as it is (not closed here: the module keeps
+    it), or what a factory of the settings makes (closed with the runtime)."""
+    module_name, _, attribute = path.partition(":")
+    where = f"model_client {path!r}"
+    try:
+        found: object = importlib.import_module(module_name)
+    except ImportError as error:
+        raise AgentError.config(f"{where}: cannot import {module_name}: {error}") from None
+    for name in attribute.split("."):
+        try:
+            found = getattr(found, name)
+        except AttributeError:
+            raise AgentError.config(f"{where}: {module_name} has no {attribute}") from None
+    if isinstance(found, LlmClient):
+        return found, False
+    if callable(found):
+        built = found(settings)
+        if isinstance(built, LlmClient):
+            return built, True
+        raise AgentError.config(
+            f"{where}: the factory returned {type(built).__name__}, not an LlmClient"
+        )
+    raise AgentError.config(
+        f"{where} is a {type(found).__name__}: name an LlmClient (such as a ScriptedModel) "
+        "or a function that takes the settings and returns one"
+    )
 
 
 def _database_for(spec: RuntimeSpec, settings: AgentSettings) -> Database:
