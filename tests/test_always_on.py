@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -428,6 +428,30 @@ async def test_the_heartbeat_job_enqueues_the_installed_heartbeat(env: JobsEnv) 
         assert counts == (before.started + 1, before.skipped_busy + 1, before.skipped_precheck)
         assert (stats.last_status, stats.last_run_id) == ("skipped_busy", None)
         assert stats.last_tick_at is not None
+
+
+async def test_a_day_and_weekday_cron_ticks_on_either_and_skips_other_dates(
+    env: JobsEnv,
+) -> None:
+    """``0 9 1 * MON`` is the 1st of each month and every Monday, as in Unix cron: arq fires
+    it every day at 9, and the tick of a date that is neither does nothing."""
+    _, prompt = plan(answer="HEARTBEAT_OK")
+    heartbeat = Heartbeat.cron("0 9 1 * MON", prompt=prompt, session=unique("cron"))
+    assert heartbeat.cron_fields()["day"] is None
+    assert heartbeat.cron_fields()["weekday"] is None
+
+    def at(day: datetime) -> dict[str, Any]:
+        ms = int(day.timestamp() * 1000)
+        return {**on.job_ctx(f"agent_heartbeat:{ms}"), "score": ms}
+
+    async with started(env, heartbeat=heartbeat) as on:
+        before = (await on.agent.heartbeat_stats()).started
+        tuesday = datetime(2026, 12, 8, 9, tzinfo=UTC)  # neither the 1st nor a Monday
+        assert await agent_heartbeat(at(tuesday)) == {"status": "not_scheduled"}
+        assert (await on.agent.heartbeat_stats()).started == before
+        monday = datetime(2026, 12, 7, 9, tzinfo=UTC)
+        assert (await agent_heartbeat(at(monday)))["status"] == "started"
+        assert (await on.agent.heartbeat_stats()).started == before + 1
 
 
 async def test_ticks_are_skipped_only_while_a_run_of_the_session_is_active(env: JobsEnv) -> None:

@@ -9,7 +9,7 @@ import hmac
 import json
 import logging
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -389,6 +389,28 @@ def fires(heartbeat: Heartbeat, start: datetime, count: int = 3) -> list[datetim
         current = next_cron(current, microsecond=0, **fields)
         times.append(current)
     return times
+
+
+def test_a_day_and_a_weekday_match_either_as_in_unix_cron() -> None:
+    spec = CronSpec.parse("0 9 1,15 * MON")
+    assert spec.day_or_weekday
+    fields = spec.arq_fields()
+    assert (fields["day"], fields["weekday"], fields["hour"]) == (None, None, {9})
+    assert spec.fires_on(date(2026, 12, 1))  # the 1st (a Tuesday)
+    assert spec.fires_on(date(2026, 12, 15))  # the 15th
+    assert spec.fires_on(date(2026, 12, 7))  # a Monday
+    assert not spec.fires_on(date(2026, 12, 8))  # a Tuesday, the 8th
+    # One restricted field alone is arq's to match, as before.
+    assert CronSpec.parse("0 9 1 * *").fires_on(date(2026, 12, 8))
+    assert CronSpec.parse("0 9 * * MON").arq_fields()["weekday"] == {0}
+    # A day no month has is fine when a weekday may match instead.
+    assert CronSpec.parse("0 0 31 2 FRI").fires_on(date(2027, 2, 5))
+    # Judged on the date in the heartbeat's timezone: 23:30 UTC on Sunday is Monday in Oslo.
+    oslo = Heartbeat.cron("30 0 1 * MON", timezone="Europe/Oslo")
+    sunday_night = datetime(2026, 12, 6, 23, 30, tzinfo=UTC)
+    assert oslo.fires_at(sunday_night)
+    assert not Heartbeat.cron("30 0 1 * MON").fires_at(sunday_night)
+    assert Heartbeat.every(60).fires_at(sunday_night)
 
 
 def test_cron_fields_fire_where_cron_says_in_arq() -> None:

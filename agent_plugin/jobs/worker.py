@@ -12,6 +12,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from arq.cron import CronJob
@@ -133,7 +134,8 @@ async def agent_heartbeat(ctx: dict[str, Any]) -> dict[str, Any]:
     """The arq cron job ``agent_heartbeat``: one tick of the plugin's heartbeat.
 
     In a worker where the plugin has not started (or that has no heartbeat) it does nothing
-    but log a warning: a tick is never an error.
+    but log a warning: a tick is never an error. A cron schedule with both a day and a weekday
+    is given to arq as every day; the tick of a date that matches neither does nothing.
     """
     worker = ctx.get(_WORKER_KEY)
     heartbeat = worker.runtime.heartbeat if isinstance(worker, _Worker) else None
@@ -143,6 +145,12 @@ async def agent_heartbeat(ctx: dict[str, Any]) -> dict[str, Any]:
             "heartbeat); the tick does nothing"
         )
         return {"status": "not_started"}
+    score = ctx.get("score")
+    if isinstance(score, int | float) and not heartbeat.fires_at(
+        datetime.fromtimestamp(score / 1000, UTC)
+    ):
+        logger.debug("agent_heartbeat: %s does not fire on this date", heartbeat.description())
+        return {"status": "not_scheduled"}
     tick_id = str(ctx.get("job_id") or uuid.uuid4().hex)
     return await tick(worker.queue, worker.runtime, heartbeat, tick_id)
 

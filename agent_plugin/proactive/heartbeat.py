@@ -10,7 +10,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, ClassVar, Final, Literal, TypeAlias
 from zoneinfo import ZoneInfo
@@ -220,6 +220,11 @@ class Heartbeat:
         **heartbeat.cron_fields())`` on a worker whose ``timezone`` is :meth:`tzinfo`.
         """
         return self.schedule.cron_fields()
+
+    def fires_at(self, instant: datetime) -> bool:
+        """Whether arq's tick for ``instant`` is one of the schedule's: ``False`` only for a
+        cron expression with both a day and a weekday, on a date that matches neither."""
+        return self.schedule.fires_at(instant)
 
     async def passes_precheck(self, state: Any) -> bool:
         """Run the precheck on ``state``; True when there is none.

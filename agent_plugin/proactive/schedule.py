@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 from typing import Final, TypedDict
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -70,8 +70,9 @@ class CronSpec:
 
     Five fields (``minute hour day month weekday``) fire at second 0; six put the second
     first (``second minute hour day month weekday``), as the seed's ``"0 */30 * * * *"``.
-    When both day and weekday are restricted, a time must match both (as arq, and the seed's
-    scheduler, evaluate them; classic Unix cron matches either).
+    When both day and weekday are restricted, a date matches when either does, as in Unix
+    cron (``0 9 1 * MON``: the 1st of every month, and every Monday). arq matches every field,
+    so it is given neither then, and the tick checks the date (:meth:`fires_on`).
     """
 
     second: frozenset[int] | None
@@ -117,18 +118,36 @@ class CronSpec:
             )
         return spec
 
+    @property
+    def day_or_weekday(self) -> bool:
+        """Both day and weekday are restricted: a date matches when either does."""
+        return self.day is not None and self.weekday is not None
+
+    def fires_on(self, when: date) -> bool:
+        """Whether the schedule fires on the date ``when`` as far as arq cannot tell: the day
+        and weekday rule of Unix cron (every other field is arq's to match)."""
+        day, weekday = self.day, self.weekday
+        if day is None or weekday is None:
+            return True
+        return when.day in day or (when.weekday() + 1) % 7 in weekday
+
     def _has_a_date(self) -> bool:
-        if self.day is None:
+        if self.day is None or self.weekday is not None:
             return True
         months = self.month if self.month is not None else range(1, 13)
         return any(day <= _DAYS_IN_MONTH[month - 1] for month in months for day in self.day)
 
     def arq_fields(self) -> CronFields:
-        """The same schedule as :func:`arq.cron.cron` keywords (weekday 0 = Monday)."""
-        weekday = None if self.weekday is None else {(day - 1) % 7 for day in self.weekday}
+        """The same schedule as :func:`arq.cron.cron` keywords (weekday 0 = Monday); with
+        both day and weekday restricted, neither (:meth:`fires_on` checks the date)."""
+        if self.day_or_weekday:
+            day, weekday = None, None
+        else:
+            day = _mutable(self.day)
+            weekday = None if self.weekday is None else {(d - 1) % 7 for d in self.weekday}
         return CronFields(
             month=_mutable(self.month),
-            day=_mutable(self.day),
+            day=day,
             weekday=weekday,
             hour=_mutable(self.hour),
             minute=_mutable(self.minute),
@@ -244,6 +263,10 @@ class EverySchedule:
         """``"every <seconds>s"``."""
         return f"every {self.seconds}s"
 
+    def fires_at(self, instant: datetime) -> bool:
+        """Always: arq's fields say everything about an interval."""
+        return True
+
     def cron_fields(self) -> CronFields:
         """The arq cron keywords that fire every ``interval`` (evaluated in UTC)."""
         total = self.interval.total_seconds()
@@ -298,3 +321,8 @@ class CronSchedule:
     def cron_fields(self) -> CronFields:
         """The arq cron keywords of the expression (evaluate them in :attr:`timezone`)."""
         return self.spec.arq_fields()
+
+    def fires_at(self, instant: datetime) -> bool:
+        """Whether a tick arq scheduled for ``instant`` is one of the schedule's (see
+        :meth:`CronSpec.fires_on`), judged on the date in :attr:`timezone`."""
+        return self.spec.fires_on(instant.astimezone(ZoneInfo(self.timezone)).date())
