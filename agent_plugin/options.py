@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_plugin.cancellation import CancelToken
 from agent_plugin.events import AgentEvent
 from agent_plugin.steering import Steering
+from agent_plugin.text import unstorable
 
 if TYPE_CHECKING:
     from agent_plugin.journal import RunJournal
@@ -70,6 +71,14 @@ class AgentOverrides(BaseModel):
     read_only: bool = False
     session: str | None = Field(default=None, min_length=1, max_length=255)
     followup_depth: int = Field(default=0, ge=0)
+
+    @field_validator("system_prompt", "memory_scope", "session")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        problem = None if value is None else unstorable(value)
+        if problem is not None:
+            raise ValueError(f"must not contain {problem}")
+        return value
 
 
 DEFAULT_OVERRIDES: Final = AgentOverrides()

@@ -33,6 +33,7 @@ from agent_plugin.outcomes import (
     RunState,
 )
 from agent_plugin.providers.base import LlmClient
+from agent_plugin.text import unstorable
 
 if TYPE_CHECKING:
     from agent_plugin.agent import Agent
@@ -242,6 +243,9 @@ def check_session_id(session_id: str) -> None:
             f"a session id must be at most {MAX_SESSION_ID_LENGTH} characters, "
             f"got {len(session_id)}"
         )
+    problem = unstorable(session_id)
+    if problem is not None:
+        raise AgentError(ErrorKind.INVALID, f"a session id must not contain {problem}")
 
 
 def check_page(after: int, limit: int | None) -> None:

@@ -700,3 +700,63 @@ async def test_a_hung_postgres_statement_fails_unavailable_in_the_command_timeou
             assert await conn.scalar(sa.text("SELECT 1")) == 1
     finally:
         await database.dispose()
+
+
+# --- text every store accepts ----------------------------------------------------------------
+
+NUL_AND_SURROGATE = "a fetched page: \x00 and \ud800 end"
+
+
+async def test_a_nul_or_a_lone_surrogate_from_a_model_or_a_tool_is_stored_safely(
+    database: Database,
+) -> None:
+    session, scope = new_session_id(), new_scope()
+    sessions = SqlSessionStore(database)
+    message = ChatMessage.user(NUL_AND_SURROGATE)
+    await sessions.append(session, [message], expected_version=0)
+    [stored] = (await sessions.load(session)).messages
+    assert stored.text == "a fetched page: \ufffd and \ufffd end"
+    await SqlMemoryStore(database).apply(
+        scope, AddOp(block="user", text="likes \x00 tea"), edit_key="nul"
+    )
+    assert (await SqlMemoryStore(database).load(scope))[1].entries == ["likes \ufffd tea"]
+    # An escaped backslash before "u0000" is text, not a NUL: it stays as it was.
+    literal = ChatMessage.user("a path: C:\\u0000\\x")
+    await sessions.append(session, [literal], expected_version=1)
+    assert (await sessions.load(session)).messages[-1].text == "a path: C:\\u0000\\x"
+
+
+async def test_a_session_id_with_a_nul_is_refused_as_invalid(database: Database) -> None:
+    with pytest.raises(AgentError) as caught:
+        await SqlSessionStore(database).append("s\x00", numbered(1), expected_version=0)
+    assert caught.value.kind is ErrorKind.INVALID
+    assert "NUL" in str(caught.value)
+
+
+async def test_a_value_the_database_refuses_is_invalid_and_never_shows_sql() -> None:
+    schema = PostgresSchema()
+    await schema.create()
+    database = schema.database()
+    try:
+        with pytest.raises(AgentError) as caught:
+            async with database.write() as conn:
+                await conn.execute(sa.text("SELECT CAST(:s AS text)"), {"s": "top\x00secret"})
+        assert caught.value.kind is ErrorKind.INVALID
+        message = str(caught.value)
+        assert "refused a value" in message
+        assert "[SQL" not in message
+        assert "SELECT" not in message
+        assert "secret" not in message
+        # A value that cannot even be bound is internal, with neither SQL nor parameters.
+        with pytest.raises(AgentError) as bound:
+            async with database.write() as conn:
+                statement = sa.select(sa.literal("x")).where(
+                    sa.bindparam("v", type_=sa.JSON()) != None  # noqa: E711
+                )
+                await conn.execute(statement, {"v": {"top-secret": object()}})
+        assert bound.value.kind is ErrorKind.INTERNAL
+        assert "top-secret" not in str(bound.value)
+        assert "[SQL" not in str(bound.value)
+    finally:
+        await database.dispose()
+        await schema.drop()

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 
 from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.text import storable_json
 
 __all__ = ["DEFAULT_DATABASE_URL", "Database", "hide_password"]
 
@@ -108,7 +109,11 @@ class Database:
         with self.errors("open"):
             try:
                 self.engine: AsyncEngine = _create_async_engine(
-                    self.url, echo=echo, connect_args=args, **pool
+                    self.url,
+                    echo=echo,
+                    connect_args=args,
+                    json_serializer=storable_json,
+                    **pool,
                 )
             except (exc.NoSuchModuleError, ImportError, exc.InvalidRequestError) as error:
                 driver = self.url.get_driver_name()
@@ -178,6 +183,10 @@ class Database:
     def errors(self, action: str) -> Iterator[None]:
         """Turn driver and connection errors into :class:`AgentError` naming the hidden URL.
 
+        A value the database refuses (PostgreSQL's data exceptions, SQLSTATE class 22) is
+        ``invalid``; a statement that could not be built (a value that does not bind) is
+        ``internal``; anything else the driver or the connection raises is ``unavailable``.
+        The message is the driver's first line: never the SQL, never the parameters.
         :class:`AgentError` and :class:`sqlalchemy.exc.IntegrityError` pass through unchanged:
         the stores decide what a constraint violation means.
         """
@@ -189,14 +198,35 @@ class Database:
             raise AgentError.config(
                 f"bad database URL {self.display_url}: {self._scrub(error)}"
             ) from error
-        except (exc.DBAPIError, OSError, TimeoutError, sqlite3.Error) as error:
+        except exc.DBAPIError as error:
+            if str(getattr(error.orig, "sqlstate", "") or "").startswith("22"):
+                raise AgentError(
+                    ErrorKind.INVALID,
+                    f"database {self.display_url} refused a value: {self._scrub(error)}",
+                ) from error
+            raise AgentError(
+                ErrorKind.UNAVAILABLE,
+                f"cannot {action} database {self.display_url}: {self._scrub(error)}",
+            ) from error
+        except exc.StatementError as error:  # binding a value failed before the driver ran
+            raise AgentError(
+                ErrorKind.INTERNAL,
+                f"cannot {action} database {self.display_url}: a value does not bind "
+                f"({self._scrub(error)})",
+            ) from error
+        except (OSError, TimeoutError, sqlite3.Error) as error:
             raise AgentError(
                 ErrorKind.UNAVAILABLE,
                 f"cannot {action} database {self.display_url}: {self._scrub(error)}",
             ) from error
 
     def _scrub(self, error: BaseException) -> str:
-        text = str(getattr(error, "orig", None) or error).strip().splitlines()
+        """The driver's first line (``orig``), or the error's type: never SQLAlchemy's text,
+        which appends the statement and its parameters."""
+        cause = getattr(error, "orig", None)
+        if cause is None and isinstance(error, exc.StatementError):
+            return type(error.__cause__ or error).__name__
+        text = str(cause or error).strip().splitlines()
         message = text[0] if text else type(error).__name__
         if self._password:
             message = message.replace(self._password, "***")

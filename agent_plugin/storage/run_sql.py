@@ -25,6 +25,7 @@ from agent_plugin.events import OutcomeSummary
 from agent_plugin.outcomes import ApprovalDecision, RunState
 from agent_plugin.records import RunRecord, RunStatus
 from agent_plugin.storage.models import RunCheckpointRow, RunRow, UtcDateTime, utcnow
+from agent_plugin.text import storable
 
 T = TypeVar("T")
 
@@ -67,7 +68,7 @@ def progress_values(
     return {
         "run": run_id,
         "pct": min(max(int(pct), 0), 100),
-        "message": message,
+        "message": storable(message),
         "now": now or utcnow(),
     }
 

@@ -18,6 +18,7 @@ from agent_plugin.jobs import RunHandle
 from agent_plugin.live import parse_event_id
 from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.records import RunPage, RunRecord, RunStatus
+from agent_plugin.text import unstorable
 from agent_plugin.tools import Tool, ToolEffect
 from agent_plugin.web.console import CONSOLE_HEADERS, console_page
 from agent_plugin.web.handle import AgentHandle
@@ -55,12 +56,9 @@ class ToolInfo(BaseModel):
 
 
 def _storable(text: str) -> str:
-    if "\x00" in text:
-        raise ValueError("must not contain NUL characters")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must not contain lone surrogates (text that is not Unicode)") from None
+    problem = unstorable(text)
+    if problem is not None:
+        raise ValueError(f"must not contain {problem} (text every store accepts)")
     return text
 
 
