@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -20,10 +21,12 @@ from typing import Any
 
 import httpx
 import pytest
+import redis as redis_sync
 
 from agent_plugin import live
 from agent_plugin.jobs import queue as queue_module
 from agent_plugin.records import RunRecord
+from agent_plugin.redaction import registered_secrets
 from agent_plugin.web import AppAgent
 from tests.jobs_app import JobsEnv, jobs_env, make_app, make_plugin, worker_serving
 
@@ -223,6 +226,31 @@ async def test_a_queued_run_is_cancelled_at_once_and_its_readers_see_the_end(
     assert seen[0]["data"]["summary"]["status"] == "cancelled"
     message = await client.post(f"/agent/runs/{run_id}/messages", json={"text": "hello"})
     assert message.status_code == 409
+
+
+async def test_a_cancel_reason_is_redacted_before_it_is_stored_sent_or_logged(
+    client: httpx.AsyncClient, env: JobsEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    canary = "qz" + "7" * 40  # a key of no familiar shape, registered by value
+    queued = await HANDLES[id(client)].enqueue(plan(rounds=[[["effect", "never"]]]), delay=30)
+    run_id = queued.run_id
+    reason = f"leaked {canary} and password: hunter2-secret"
+    with registered_secrets(canary), caplog.at_level(logging.DEBUG):
+        response = await client.post(f"/agent/runs/{run_id}/cancel", json={"reason": reason})
+    assert response.status_code == 202
+    stored = (await record_of(client, run_id))["outcome"]["reason"]
+    assert canary not in stored
+    assert "hunter2-secret" not in stored
+    assert "[REDACTED]" in stored
+    control = redis_sync.Redis.from_url(env.redis_url)
+    try:
+        sent = control.get(f"{env.prefix}run:{run_id}:cancel") or b""
+    finally:
+        control.close()
+    assert canary.encode() not in sent
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert canary not in logged
+    assert "hunter2-secret" not in logged
 
 
 async def test_cancel_and_messages_of_an_unknown_run_are_404(client: httpx.AsyncClient) -> None:

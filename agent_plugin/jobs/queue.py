@@ -40,6 +40,7 @@ from agent_plugin.live import RunControlChannel, RunEventStream, open_events
 from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.proactive import FollowupPlan
 from agent_plugin.records import RunRecord, RunStatus
+from agent_plugin.redaction import redact_text
 from agent_plugin.storage import SqlRunStore
 
 __all__ = ["AGENT_RESUME", "AGENT_RUN", "HeartbeatStats", "RunQueue"]
@@ -374,8 +375,9 @@ class RunQueue:
         record at once, its arq job taken off the queue and its event readers given a
         ``run_end``; a running run ends ``cancelled`` at its next boundary, by its worker.
         ``CONFLICT`` for a finished run, ``NOT_FOUND`` for an unknown one. Answers the record
-        as it is after the request.
+        as it is after the request. ``reason`` is redacted before it is stored, sent or logged.
         """
+        reason = redact_text(reason)
         record = await self.get(run_id)
         if record.status.finished:
             raise AgentError(
