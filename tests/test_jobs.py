@@ -365,6 +365,10 @@ async def test_decisions_for_runs_that_are_not_paused_answer_409_or_404(served: 
     assert missing.status_code == 404
     malformed = await served.client.post(f"{path}/decisions", json=[{"call_id": "c"}])
     assert malformed.status_code == 422
+    flood = body * 1001  # more than any pause can take: refused before a record is read
+    refused = await served.client.post(f"{path}/decisions", json=flood)
+    assert refused.status_code == 422
+    assert len(refused.content) < 2000
 
 
 async def test_unknown_runs_answer_404(served: Served) -> None:

@@ -460,6 +460,14 @@ async def test_bad_decisions_are_conflicts_and_change_nothing(database: Database
         ErrorKind.CONFLICT,
     )
     assert "more than one decision for s1" in error.message
+    # more decisions than calls that wait: refused at once, with a short message
+    flood = [ApprovalDecision.approve(f"forged-{i}") for i in range(100_000)]
+    error = await refused(store.take_paused_state(run_id, flood), ErrorKind.CONFLICT)
+    assert "100000 decisions for 2 call(s)" in error.message
+    assert len(error.message) < 300
+    many_unknown = [ApprovalDecision.approve(f"x{i}") for i in range(2)]
+    error = await refused(store.take_paused_state(run_id, many_unknown), ErrorKind.CONFLICT)
+    assert "x0, x1" in error.message
     assert await store.get(run_id) == before
     assert await store.pending_resume(run_id) is None
     # still paused: a good decision goes through

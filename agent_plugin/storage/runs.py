@@ -820,12 +820,19 @@ def _json_args(run_id: str, args: Mapping[str, Any]) -> dict[str, Any]:
 
 def _check_decisions(run_id: str, state: RunState, decisions: list[ApprovalDecision]) -> None:
     awaiting = [p.call.id for p in state.awaiting()]
-    waiting = ", ".join(awaiting) if awaiting else "none"
+    waiting = _listed(awaiting) if awaiting else "none"
+    if len(decisions) > len(awaiting):
+        raise AgentError(
+            ErrorKind.CONFLICT,
+            f"run {run_id!r}: {len(decisions)} decisions for {len(awaiting)} call(s) awaiting "
+            f"approval; give at most one per call (awaiting: {waiting})",
+        )
+    waits = set(awaiting)
     seen: set[str] = set()
     unknown: list[str] = []
     twice: list[str] = []
     for decision in decisions:
-        if decision.call_id not in awaiting:
+        if decision.call_id not in waits:
             unknown.append(decision.call_id)
         elif decision.call_id in seen:
             twice.append(decision.call_id)
@@ -833,12 +840,20 @@ def _check_decisions(run_id: str, state: RunState, decisions: list[ApprovalDecis
     if unknown:
         raise AgentError(
             ErrorKind.CONFLICT,
-            f"run {run_id!r}: no call awaits approval with id {', '.join(unknown)}; "
+            f"run {run_id!r}: no call awaits approval with id {_listed(unknown)}; "
             f"awaiting: {waiting}",
         )
     if twice:
         raise AgentError(
             ErrorKind.CONFLICT,
-            f"run {run_id!r}: more than one decision for {', '.join(twice)}; "
+            f"run {run_id!r}: more than one decision for {_listed(twice)}; "
             f"give one decision per call (awaiting: {waiting})",
         )
+
+
+def _listed(ids: Sequence[str], most: int = 5) -> str:
+    """``ids`` for an error message: the first ``most`` (each cut at 80 characters), then how
+    many more, so a message stays short whatever a client sent."""
+    shown = [i if len(i) <= 80 else i[:80] + "…" for i in ids[:most]]
+    more = f" and {len(ids) - most} more" if len(ids) > most else ""
+    return ", ".join(shown) + more

@@ -62,6 +62,9 @@ def _storable(text: str) -> str:
     return text
 
 
+MAX_DECISIONS: Final = 1000
+"""The most decisions one request may carry (a pause takes one per call that waits)."""
+
 Text = Annotated[str, AfterValidator(_storable)]
 """Text a client sends: every character storable (no NUL, no lone surrogates)."""
 
@@ -195,7 +198,7 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
     )
     async def decide_run(
         run_id: str,
-        decisions: Annotated[list[ApprovalDecision], Body()],
+        decisions: Annotated[list[ApprovalDecision], Body(max_length=MAX_DECISIONS)],
         agent: AgentHandle,
         response: Response,
     ) -> Any:
