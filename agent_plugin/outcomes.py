@@ -116,16 +116,30 @@ class RunState(_Model):
 # --- approvals -----------------------------------------------------------------------------
 
 
+def _verdict_required(schema: dict[str, Any]) -> None:
+    """In JSON (a request body), a decision names its verdict: the union is told apart by it,
+    so the schema requires it although Python code may leave it out."""
+    required = schema.setdefault("required", [])
+    if "verdict" not in required:
+        required.insert(0, "verdict")
+
+
 class Approve(_Model):
+    model_config = ConfigDict(json_schema_extra=_verdict_required)
+
     verdict: Literal["approve"] = "approve"
 
 
 class Edit(_Model):
+    model_config = ConfigDict(json_schema_extra=_verdict_required)
+
     verdict: Literal["edit"] = "edit"
     arguments: JsonValue
 
 
 class Reject(_Model):
+    model_config = ConfigDict(json_schema_extra=_verdict_required)
+
     verdict: Literal["reject"] = "reject"
     reason: str
 

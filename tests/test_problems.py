@@ -83,7 +83,7 @@ async def test_a_refused_value_is_echoed_only_as_a_short_excerpt(
         b'{"prompt": NaN}',
         b'{"prompt": Infinity}',
         b'{"prompt": "ok", "session": "\\ud800"}',
-        b'{"prompt": "a\\u0000b"}',
+        b'{"prompt": "ok", "session": "a\\u0000b"}',
     ],
     ids=["NaN", "Infinity", "lone surrogate", "NUL"],
 )
@@ -94,6 +94,18 @@ async def test_values_json_cannot_carry_everywhere_are_a_422_not_a_500(
         "/agent/runs", content=raw, headers={"content-type": "application/json"}
     )
     problem_of(response, 422, "invalid")
+
+
+async def test_a_nul_in_free_text_is_kept_out_of_the_stores_not_refused(
+    client: httpx.AsyncClient,
+) -> None:
+    raw = b'{"prompt": "a\\u0000b"}'
+    response = await client.post(
+        "/agent/runs", content=raw, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 202, response.text
+    record = await client.get(response.json()["status_path"])
+    assert record.status_code == 200
 
 
 async def test_malformed_json_is_a_problem_too(client: httpx.AsyncClient) -> None:
@@ -127,13 +139,19 @@ async def test_a_chunked_body_is_refused_while_it_is_read(client: httpx.AsyncCli
     assert sent < 1000  # the reading stopped at the limit, not at the end of the body
 
 
-async def test_the_plugins_own_400_and_404_are_problems(client: httpx.AsyncClient) -> None:
+async def test_the_plugins_own_404_405_and_422_are_problems(client: httpx.AsyncClient) -> None:
     unknown = await client.get("/agent/runs/run_nosuchrun")
     problem_of(unknown, 404, "not_found")
-    bad_id = await client.get(
+    bad_event_id = await client.get(
         "/agent/runs/run_nosuchrun/events", headers={"last-event-id": "nonsense"}
     )
-    problem_of(bad_id, 404, "not_found")  # the unknown run first
+    problem_of(bad_event_id, 422, "invalid")  # the schema says what an event id is
+    not_a_run_id = await client.get("/agent/runs/%00nope")
+    problem_of(not_a_run_id, 422, "invalid")
+    # A path with a GET and a POST route names both, whichever method was refused.
+    wrong_method = await client.delete("/agent/runs")
+    problem_of(wrong_method, 405, "invalid")
+    assert wrong_method.headers["allow"] == "GET, POST"
 
 
 async def test_the_schema_documents_problems_and_readable_operation_ids(

@@ -15,10 +15,10 @@ from typing import Any, Final
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, APIRouter
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from starlette.exceptions import HTTPException
-from starlette.types import Message, Receive
+from starlette.types import Message, Receive, Scope, Send
 
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.redaction import redact_text
@@ -221,12 +221,42 @@ def _http_problem(error: HTTPException) -> JSONResponse:
     return problem(status, kind, detail, headers=error.headers)
 
 
+def allow_every_method_of_a_path(router: APIRouter) -> None:
+    """Tell each problem route of ``router`` every method its path takes, so a 405 names them
+    all in ``Allow`` (Starlette's own names only the first route's, when a path has a GET and
+    a POST route)."""
+    methods: dict[str, set[str]] = {}
+    for route in router.routes:
+        if isinstance(route, APIRoute):
+            methods.setdefault(route.path, set()).update(route.methods or ())
+    for route in router.routes:
+        if isinstance(route, APIRoute):
+            route.allowed_methods = tuple(sorted(methods[route.path]))  # type: ignore[attr-defined]
+
+
+def _not_allowed(scope: Scope, allowed: Sequence[str]) -> Response:
+    """405 as problem details, naming the methods the path takes."""
+    listed = ", ".join(allowed)
+    detail = f"{scope['method']} is not allowed here; allowed: {listed}"
+    return _http_problem(HTTPException(405, detail, headers={"Allow": listed}))
+
+
 def problem_route(body_limit: int) -> type[APIRoute]:
     """A route class whose every error is problem details: an :class:`AgentError`, a request
     that does not validate (422, naming each field, with short excerpts of the values) or is
     malformed, and a body over ``body_limit`` bytes (413, refused as it is read)."""
 
     class ProblemRoute(APIRoute):
+        allowed_methods: tuple[str, ...] = ()
+        """Every method of the route's path (see :func:`allow_every_method_of_a_path`)."""
+
+        async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if self.methods and scope["method"] not in self.methods:
+                allowed = self.allowed_methods or tuple(sorted(self.methods))
+                await _not_allowed(scope, allowed)(scope, receive, send)
+                return
+            await super().handle(scope, receive, send)
+
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             handler = super().get_route_handler()
 

@@ -8,21 +8,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, Body, Header, HTTPException, Query, Response
+from fastapi import APIRouter, Body, Header, Path, Query, Response
 from fastapi.params import Depends as DependsParam
 from fastapi.responses import HTMLResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
 
 from agent_plugin.jobs import RunHandle
+from agent_plugin.jobs.args import RUN_ID_PATTERN
 from agent_plugin.live import parse_event_id
 from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.records import RunPage, RunRecord, RunStatus
-from agent_plugin.text import unstorable
+from agent_plugin.text import storable, unstorable
 from agent_plugin.tools import Tool, ToolEffect
 from agent_plugin.web.console import CONSOLE_HEADERS, console_page
 from agent_plugin.web.handle import AgentHandle
-from agent_plugin.web.problems import problem_responses, problem_route
+from agent_plugin.web.problems import (
+    allow_every_method_of_a_path,
+    problem_responses,
+    problem_route,
+)
 from agent_plugin.web.sse import sse_response
 
 __all__ = [
@@ -55,7 +60,7 @@ class ToolInfo(BaseModel):
         )
 
 
-def _storable(text: str) -> str:
+def _storable_id(text: str) -> str:
     problem = unstorable(text)
     if problem is not None:
         raise ValueError(f"must not contain {problem} (text every store accepts)")
@@ -65,8 +70,25 @@ def _storable(text: str) -> str:
 MAX_DECISIONS: Final = 1000
 """The most decisions one request may carry (a pause takes one per call that waits)."""
 
-Text = Annotated[str, AfterValidator(_storable)]
-"""Text a client sends: every character storable (no NUL, no lone surrogates)."""
+Text = Annotated[str, AfterValidator(storable)]
+"""Text a client sends (a prompt, a message, a reason): a NUL or a lone surrogate in it, which
+no store accepts, becomes U+FFFD."""
+
+Id = Annotated[
+    str,
+    AfterValidator(_storable_id),
+    WithJsonSchema({"type": "string", "pattern": r"^[^\u0000\ud800-\udfff]*$"}),
+]
+"""An id a client names (a session): refused when it holds a NUL or a lone surrogate."""
+
+
+EVENT_ID_PATTERN: Final = r"^\s*[0-9]{1,20}(-[0-9]{1,20})?\s*$"
+"""An event id as the stream gives it (``<ms>-<seq>``), as ``Last-Event-ID`` sends it back."""
+
+RunIdPath = Annotated[
+    str, Path(pattern=RUN_ID_PATTERN, description="The run's id, as enqueueing answered it")
+]
+"""A run id in a path: an id that cannot be one is a 422, an unknown one a 404."""
 
 
 class RunRequest(BaseModel):
@@ -75,7 +97,7 @@ class RunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompt: Text = Field(min_length=1, max_length=32_000, examples=["Summarise today's tickets"])
-    session: Text | None = Field(default=None, min_length=1, max_length=255)
+    session: Id | None = Field(default=None, min_length=1, max_length=255)
 
 
 class SteeringRequest(BaseModel):
@@ -153,6 +175,7 @@ def agent_router(
     if background:
         _add_run_routes(router, runs_route=runs_route)
         _add_live_routes(router, console=console, prefix=prefix)
+    allow_every_method_of_a_path(router)
     return router
 
 
@@ -171,10 +194,17 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
     async def list_runs(
         agent: AgentHandle,
         status: RunStatus | None = None,
-        session: Annotated[str | None, Query(min_length=1, max_length=255)] = None,
-        origin: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+        session: Annotated[Id | None, Query(min_length=1, max_length=255)] = None,
+        origin: Annotated[Id | None, Query(min_length=1, max_length=64)] = None,
         limit: Annotated[int, Query(ge=1, le=200)] = 50,
-        cursor: Annotated[str | None, Query(max_length=1000)] = None,
+        cursor: Annotated[
+            str | None,
+            Query(
+                min_length=1,
+                max_length=1000,
+                description="The next_cursor of the page before (opaque)",
+            ),
+        ] = None,
     ) -> Any:
         return await agent.list_runs(
             status=status, session=session, origin=origin, limit=limit, cursor=cursor
@@ -186,7 +216,7 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
         summary="A background run's status, progress and outcome",
         responses=problem_responses(404, 422, 503),
     )
-    async def get_run(run_id: str, agent: AgentHandle) -> Any:
+    async def get_run(run_id: RunIdPath, agent: AgentHandle) -> Any:
         return await agent.run_status(run_id)
 
     @router.post(
@@ -194,10 +224,10 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
         status_code=202,
         response_model=RunHandle,
         summary="Approve, edit or reject the calls a paused run waits on, and resume it",
-        responses=problem_responses(404, 409, 413, 422, 503),
+        responses=problem_responses(400, 404, 409, 413, 422, 503),
     )
     async def decide_run(
-        run_id: str,
+        run_id: RunIdPath,
         decisions: Annotated[list[ApprovalDecision], Body(max_length=MAX_DECISIONS)],
         agent: AgentHandle,
         response: Response,
@@ -211,7 +241,7 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
             status_code=202,
             response_model=RunHandle,
             summary="Start a background run",
-            responses=problem_responses(409, 413, 422, 503),
+            responses=problem_responses(400, 409, 413, 422, 503),
         )
         async def start_run(body: RunRequest, agent: AgentHandle, response: Response) -> Any:
             return _accepted(response, await agent.enqueue(body.prompt, session=body.session))
@@ -225,20 +255,18 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
         responses={
             200: {"content": {"text/event-stream": {}}},
             204: {"description": "The client has seen the run's end already"},
-            **problem_responses(400, 404, 422, 503),
+            **problem_responses(404, 422, 503),
         },
     )
     async def run_events(
-        run_id: str,
+        run_id: RunIdPath,
         agent: AgentHandle,
-        last_event_id: Annotated[str | None, Header()] = None,
-        after: Annotated[str | None, Query(alias="last_event_id")] = None,
+        # Plain strings with an empty default, not Optional: a header cannot carry a null.
+        last_event_id: Annotated[str, Header(pattern=EVENT_ID_PATTERN)] = "",
+        after: Annotated[str, Query(alias="last_event_id", pattern=EVENT_ID_PATTERN)] = "",
         follow: bool = False,
     ) -> Response:
-        last = last_event_id or after
-        if last is not None and parse_event_id(last) is None:
-            await agent.run_status(run_id)  # an unknown run is a 404 first
-            raise HTTPException(400, "Last-Event-ID is not an event id")
+        last = parse_event_id(last_event_id or after or None)
         events = await agent.jobs.events(run_id, last_event_id=last, follow=follow)
         if events is None:
             return Response(status_code=204)
@@ -249,10 +277,10 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
         status_code=202,
         response_model=RunHandle,
         summary="Cancel a queued, paused or running run",
-        responses=problem_responses(404, 409, 413, 422, 503),
+        responses=problem_responses(400, 404, 409, 413, 422, 503),
     )
     async def cancel_run(
-        run_id: str,
+        run_id: RunIdPath,
         agent: AgentHandle,
         response: Response,
         body: Annotated[CancelRequest | None, Body()] = None,
@@ -265,10 +293,10 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
         status_code=202,
         response_model=RunHandle,
         summary="Send a message that joins a running run before its next model call",
-        responses=problem_responses(404, 409, 413, 422, 503),
+        responses=problem_responses(400, 404, 409, 413, 422, 503),
     )
     async def steer_run(
-        run_id: str, body: SteeringRequest, agent: AgentHandle, response: Response
+        run_id: RunIdPath, body: SteeringRequest, agent: AgentHandle, response: Response
     ) -> Any:
         await agent.steer(run_id, body.text)
         return _accepted(response, agent.jobs.handle(run_id))
@@ -276,6 +304,6 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
     if console:
 
         @router.get("/console/{run_id}", response_class=HTMLResponse, include_in_schema=False)
-        async def run_console(run_id: str, agent: AgentHandle) -> HTMLResponse:
+        async def run_console(run_id: RunIdPath, agent: AgentHandle) -> HTMLResponse:
             await agent.run_status(run_id)  # 404 for an unknown run
             return HTMLResponse(console_page(run_id, prefix=prefix), headers=CONSOLE_HEADERS)
