@@ -4,7 +4,7 @@ lock), :mod:`~agent_plugin.jobs.queue` (the enqueue side), :mod:`~agent_plugin.j
 (claims, the reconciler), :mod:`~agent_plugin.jobs.attempt` (one delivery, one verdict),
 :mod:`~agent_plugin.jobs.progress` (what the record says of how far a run is),
 :mod:`~agent_plugin.jobs.ticks` (heartbeats) and :mod:`~agent_plugin.jobs.worker` (arq's
-``WorkerSettings``). ``docs/background-runs.md`` tells what survives what.
+``WorkerSettings``). ``docs/guide/background-runs.md`` tells what survives what.
 """
 
 from agent_plugin.jobs.args import RunArgs, RunHandle, RunOrigin, tick_run_id

@@ -27,9 +27,9 @@ class JobOptions:
       a crashed worker included) before it is failed as interrupted too often. Deliveries
       that never start it (Redis or the database out of reach) do not count: those are tried
       again each lease until they can.
-    * ``lease``: seconds a job's claim in Redis, its run's lease in the database and its
-      session lock live without renewal: how soon another worker continues the run of a
-      worker that died.
+    * ``lease``: seconds a job's claim in Redis and its run's lease in the database live
+      without renewal (its session lock three times as long): how soon another worker
+      continues the run of a worker that died.
     * ``reconcile_every``: seconds between a worker's checks for runs whose job vanished from
       Redis (one worker of the fleet checks at a time), and how
       long a queued run must sit unchanged before its missing job counts as lost.

@@ -52,8 +52,8 @@ class AppAgent:
     take ``scope``, the memory scope (one per user or tenant). ``resume`` continues a run
     paused for approval, saving to its session when it ran in one; ``stream`` answers with
     Server-Sent Events. ``enqueue`` queues a background run for an arq worker and
-    ``enqueue_resume`` the resume of a paused one; ``run_status``, ``cancel``, ``steer`` and
-    ``run_events`` reach background runs from any process.
+    ``enqueue_resume`` the resume of a paused one; ``run_status``, ``list_runs``, ``cancel`` and
+    ``steer`` reach background runs from any process (``jobs.events`` reads a run's events).
     """
 
     def __init__(self, runtime: AgentRuntime, queue: RunQueue | None = None) -> None:
