@@ -1,0 +1,123 @@
+"""Toolsets in the core: a user's own toolset class, starting several, merging their tools."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.tools import FnTool, Tool, ToolEffect
+from agent_plugin.toolsets import (
+    LiveToolset,
+    Toolset,
+    ToolsetHealth,
+    close_toolsets,
+    gather_tools,
+    start_toolsets,
+)
+
+
+def fn_tool(name: str) -> FnTool:
+    return FnTool(name, "a tool", {"type": "object"}, lambda _: name, effect=ToolEffect.READ_ONLY)
+
+
+class Box:
+    """A toolset of fixed tools; started and closed boxes are recorded in ``log``."""
+
+    def __init__(self, name: str, tools: Sequence[Tool], log: list[str], fail: bool = False):
+        self.name = name
+        self._tools = tuple(tools)
+        self.log = log
+        self.fail = fail
+        self.revision = 1
+
+    async def start(self, environ: Mapping[str, str]) -> LiveToolset:
+        if self.fail:
+            raise AgentError(ErrorKind.UNAVAILABLE, f"{self.name} is not there")
+        self.log.append(f"start {self.name} {environ.get('WHO', '-')}")
+        return self
+
+    def tools(self) -> Sequence[Tool]:
+        return self._tools
+
+    async def health(self) -> ToolsetHealth:
+        return ToolsetHealth(True)
+
+    async def aclose(self) -> None:
+        self.log.append(f"close {self.name}")
+
+
+def test_a_plain_class_is_a_toolset() -> None:
+    box = Box("box", [], [])
+    assert isinstance(box, Toolset)
+    assert isinstance(box, LiveToolset)
+    assert not isinstance(fn_tool("x"), Toolset)
+
+
+async def test_toolsets_start_with_the_environment() -> None:
+    log: list[str] = []
+    live = await start_toolsets([Box("a", [], log), Box("b", [], log)], {"WHO": "app"})
+    assert [toolset.name for toolset in live] == ["a", "b"]
+    assert sorted(log) == ["start a app", "start b app"]
+    await close_toolsets(live)
+    assert log[-2:] == ["close a", "close b"]
+
+
+async def test_when_one_toolset_fails_to_start_the_started_ones_are_closed() -> None:
+    log: list[str] = []
+    boxes = [Box("a", [], log), Box("down", [], log, fail=True), Box("c", [], log)]
+    with pytest.raises(AgentError, match="down is not there"):
+        await start_toolsets(boxes, {})
+    assert sorted(line for line in log if line.startswith("close")) == ["close a", "close c"]
+
+
+async def test_two_toolsets_with_one_name_and_a_non_toolset_are_refused() -> None:
+    with pytest.raises(AgentError, match="two toolsets are named 'a'"):
+        await start_toolsets([Box("a", [], []), Box("a", [], [])], {})
+    with pytest.raises(AgentError, match="is not a toolset"):
+        await start_toolsets([fn_tool("x")], {})  # type: ignore[list-item]
+
+
+def test_gather_keeps_the_own_tools_first_then_each_toolset_in_order() -> None:
+    own = [fn_tool("own")]
+    first = Box("first", [fn_tool("a_one"), fn_tool("a_two")], [])
+    second = Box("second", [fn_tool("b_one")], [])
+    names = [tool.name for tool in gather_tools(own, [first, second], strict=True)]
+    assert names == ["own", "a_one", "a_two", "b_one"]
+
+
+@pytest.mark.parametrize(
+    ("own", "reserved", "holder"),
+    [
+        (["clash"], (), "the app's own tools"),
+        ([], ("clash",), "the agent's built-in tools"),
+    ],
+)
+def test_a_taken_name_is_a_startup_error_and_later_a_warning(
+    own: list[str], reserved: tuple[str, ...], holder: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    box = Box("box", [fn_tool("clash"), fn_tool("fine")], [])
+    with pytest.raises(
+        AgentError, match=f"'clash' of toolset box has the name of a tool of {holder}"
+    ):
+        gather_tools([fn_tool(n) for n in own], [box], reserved=reserved, strict=True)
+    with caplog.at_level(logging.WARNING, logger="agent_plugin"):
+        tools = gather_tools([fn_tool(n) for n in own], [box], reserved=reserved, strict=False)
+    assert [tool.name for tool in tools] == [*own, "fine"]
+    assert "it is left out" in caplog.text
+
+
+def test_the_first_toolset_keeps_a_name_both_offer() -> None:
+    first = Box("first", [fn_tool("same")], [])
+    second = Box("second", [fn_tool("same"), fn_tool("other")], [])
+    with pytest.raises(
+        AgentError, match="of toolset second has the name of a tool of toolset first"
+    ):
+        gather_tools([], [first, second], strict=True)
+    kept = gather_tools([], [first, second], strict=False)
+    assert [(tool.name, tool is first.tools()[0]) for tool in kept] == [
+        ("same", True),
+        ("other", False),
+    ]
