@@ -113,6 +113,7 @@ _ACCEPTED: Final[dict[str, str]] = {
     "route_prefix": "a path that starts with '/' and does not end with '/', such as /agent",
     "health_path": "a path that starts with '/' and does not end with '/', such as /health",
     "session_lock": "queue or reject",
+    "mcp_servers": "[[agent.mcp_servers]] tables in the file (or a list of tables in code)",
 }
 
 
@@ -208,6 +209,11 @@ class AgentSettings(BaseSettings):
     session_lock: SessionLockPolicy = Field(
         default="queue",
         description="A background run for a busy session: wait its turn (queue) or 409 (reject).",
+    )
+    mcp_servers: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="[[agent.mcp_servers]] tables: MCP servers whose tools the agent gets "
+        "(checked at startup by agent_plugin.mcp.configured_servers).",
     )
 
     @field_validator("provider", mode="before")

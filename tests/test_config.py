@@ -145,6 +145,11 @@ def test_full_section_parses(tmp_path: Path) -> None:
         route_prefix = "/api/agent"
         health_path = "/healthz"
         session_lock = "reject"
+
+        [[agent.mcp_servers]]
+        name = "files"
+        command = "python"
+        args = ["server.py"]
         """,
     )
     settings = load(path)
@@ -163,6 +168,7 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "route_prefix": "/api/agent",
         "health_path": "/healthz",
         "session_lock": "reject",
+        "mcp_servers": [{"name": "files", "command": "python", "args": ["server.py"]}],
     }
     assert settings.resolved_model() == "claude-opus-4-1"
     assert settings.resolved_base_url() == "https://proxy.example.com"
@@ -385,6 +391,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "route_prefix": "/bot",
         "health_path": "/status",
         "session_lock": "reject",
+        "mcp_servers": [],
     }
 
 
