@@ -1,13 +1,20 @@
-"""Toolsets in the core: a user's own toolset class, starting several, merging their tools."""
+"""Toolsets: a user's own toolset class, starting several, merging their tools, and a runtime
+that starts them, offers their current tools and closes them (issue 22)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import pytest
 
+from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.memory import InMemoryMemoryStore
+from agent_plugin.providers.scripted import ScriptedModel
+from agent_plugin.runtime import RuntimeSpec, open_runtime
+from agent_plugin.sessions import InMemorySessionStore
 from agent_plugin.tools import FnTool, Tool, ToolEffect
 from agent_plugin.toolsets import (
     LiveToolset,
@@ -28,7 +35,7 @@ class Box:
 
     def __init__(self, name: str, tools: Sequence[Tool], log: list[str], fail: bool = False):
         self.name = name
-        self._tools = tuple(tools)
+        self.offered = tuple(tools)
         self.log = log
         self.fail = fail
         self.revision = 1
@@ -40,7 +47,7 @@ class Box:
         return self
 
     def tools(self) -> Sequence[Tool]:
-        return self._tools
+        return self.offered
 
     async def health(self) -> ToolsetHealth:
         return ToolsetHealth(True)
@@ -121,3 +128,55 @@ def test_the_first_toolset_keeps_a_name_both_offer() -> None:
         ("same", True),
         ("other", False),
     ]
+
+
+# --- in a runtime -----------------------------------------------------------------------------
+
+
+def spec(*toolsets: Toolset, tools: Sequence[Tool] = ()) -> RuntimeSpec:
+    return RuntimeSpec(
+        tools=tuple(tools),
+        toolsets=toolsets,
+        model=ScriptedModel(),
+        session_store=InMemorySessionStore(),
+    )
+
+
+SETTINGS = AgentSettings(provider="scripted")
+
+
+async def test_a_runtime_starts_its_toolsets_offers_their_tools_and_closes_them() -> None:
+    log: list[str] = []
+    box = Box("box", [fn_tool("box_b"), fn_tool("box_a")], log)
+    runtime = await open_runtime(spec(box, tools=[fn_tool("own")]), SETTINGS)
+    assert runtime.toolsets == (box,)
+    assert runtime.tool_names() == ["box_a", "box_b", "own"]
+    await runtime.aclose()
+    assert log == ["start box -", "close box"]
+
+
+async def test_agents_built_after_a_toolset_changed_get_its_new_tools() -> None:
+    box = Box("box", [fn_tool("box_a")], [])
+    runtime = await open_runtime(spec(box), SETTINGS)
+    try:
+        before = runtime.agent_for()
+        assert runtime.agent_for() is before  # cached while nothing changed
+        box.offered = (fn_tool("box_a"), fn_tool("box_new"))
+        box.revision += 1
+        after = runtime.agent_for()
+        assert after.tools.names() == ["box_a", "box_new"]
+        assert before.tools.names() == ["box_a"]  # an agent already running keeps its tools
+    finally:
+        await runtime.aclose()
+
+
+@pytest.mark.parametrize("taken", ["own", "memory"])
+async def test_a_toolset_tool_named_like_another_tool_stops_the_runtime_from_opening(
+    taken: str,
+) -> None:
+    log: list[str] = []
+    box = Box("box", [fn_tool(taken)], log)
+    opened = replace(spec(box, tools=[fn_tool("own")]), memory_store=InMemoryMemoryStore())
+    with pytest.raises(AgentError, match=f"the tool '{taken}' of toolset box has the name"):
+        await open_runtime(opened, SETTINGS)
+    assert log == ["start box -", "close box"]
