@@ -3,6 +3,7 @@ that starts them, offers their current tools and closes them (issue 22)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -24,6 +25,7 @@ from agent_plugin.toolsets import (
     gather_tools,
     start_toolsets,
 )
+from agent_plugin.web.health import AgentHealth
 
 
 def fn_tool(name: str) -> FnTool:
@@ -180,3 +182,36 @@ async def test_a_toolset_tool_named_like_another_tool_stops_the_runtime_from_ope
     with pytest.raises(AgentError, match=f"the tool '{taken}' of toolset box has the name"):
         await open_runtime(opened, SETTINGS)
     assert log == ["start box -", "close box"]
+
+
+# --- in the health report -------------------------------------------------------------------
+
+
+class Sick(Box):
+    async def health(self) -> ToolsetHealth:
+        return ToolsetHealth(False, {"error": "the line is cut"})
+
+
+class Stuck(Box):
+    async def health(self) -> ToolsetHealth:
+        await asyncio.sleep(10)
+        return ToolsetHealth(True)
+
+
+async def test_each_toolset_is_a_health_component_bounded_in_time() -> None:
+    health = AgentHealth(timeout_secs=0.2)
+    toolsets = [Box("fine", [], []), Sick("sick", [], []), Stuck("stuck", [], [])]
+    client = ScriptedModel()
+    health.attach(client, "scripted", toolsets=toolsets)
+    report = await health.report()
+    assert report.status == "DOWN"
+    assert {name: c.status for name, c in report.components.items()} == {
+        "agent": "UP",
+        "fine": "UP",
+        "sick": "DOWN",
+        "stuck": "DOWN",
+    }
+    assert report.components["sick"].details == {"error": "the line is cut"}
+    assert report.components["stuck"].details == {"error": "stuck did not answer within 0.2 s"}
+    health.detach(client)
+    assert list((await health.report()).components) == ["agent"]

@@ -1,17 +1,20 @@
-"""Health routes: the ``agent`` component (is the model provider reachable?) on
+"""Health routes: the ``agent`` component (is the model provider reachable?) and one
+component per toolset (``mcp:<server>``: is the MCP server connected?) on
 ``GET {health_path}``, and readiness on ``GET {health_path}/ready``.
 
 A check is time-limited and cached, and concurrent requests share one check, so a slow or
 failing provider never makes a health route slow and a busy route never floods the provider.
-The component is health-only: it never gates readiness. An app with its own health route
-includes :meth:`AgentHealth.check` in it instead (``docs/deployment.md``).
+The component is health-only: it never gates readiness. A toolset's component is its own
+answer (an MCP server's costs one ``tools/list``), also time-limited, never gating readiness.
+An app with its own health route includes :meth:`AgentHealth.check` in it instead
+(``docs/deployment.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, Literal
 
 from fastapi import APIRouter
@@ -20,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from agent_plugin.errors import AgentError
 from agent_plugin.providers.base import LlmClient
+from agent_plugin.toolsets import LiveToolset
 
 __all__ = [
     "NOT_STARTED",
@@ -89,6 +93,7 @@ class AgentHealth:
         self._provider = ""
         self._cached: tuple[float, ComponentHealth] | None = None
         self._lock = asyncio.Lock()
+        self._toolsets: tuple[LiveToolset, ...] = ()
 
     def __repr__(self) -> str:
         state = f"provider={self._provider!r}" if self._client is not None else "not started"
@@ -104,13 +109,17 @@ class AgentHealth:
         """The client the check pings: the runtime's own."""
         return self._client
 
-    def attach(self, client: LlmClient, provider: str) -> None:
-        """Start reporting on ``client``; ignored when a client is already attached."""
+    def attach(
+        self, client: LlmClient, provider: str, *, toolsets: Sequence[LiveToolset] = ()
+    ) -> None:
+        """Start reporting on ``client`` (and ``toolsets``, a component each); ignored when a
+        client is already attached."""
         if self._client is None:
             self._client = client
             self._provider = provider
             self._cached = None
             self._lock = asyncio.Lock()  # bound to the loop the app now runs in
+            self._toolsets = tuple(toolsets)
 
     def detach(self, client: LlmClient) -> None:
         """Stop reporting on ``client`` (back to DOWN, not started)."""
@@ -118,6 +127,7 @@ class AgentHealth:
             self._client = None
             self._provider = ""
             self._cached = None
+            self._toolsets = ()
 
     async def check(self) -> ComponentHealth:
         """The component's state: cached for ``cache_secs``, at most ``timeout_secs`` to get."""
@@ -137,8 +147,25 @@ class AgentHealth:
             return result
 
     async def report(self) -> HealthReport:
-        """The health route's answer: the ``agent`` component alone."""
-        return HealthReport.of({self.name: await self.check()})
+        """The health route's answer: the ``agent`` component and the toolsets' components."""
+        checks = await asyncio.gather(self.check(), *map(self._toolset, self._toolsets))
+        names = [self.name, *(toolset.name for toolset in self._toolsets)]
+        return HealthReport.of(dict(zip(names, checks, strict=True)))
+
+    async def _toolset(self, toolset: LiveToolset) -> ComponentHealth:
+        """A toolset's component: its own health, at most ``timeout_secs`` to get."""
+        try:
+            async with asyncio.timeout(self.timeout_secs):
+                health = await toolset.health()
+        except TimeoutError:
+            error = f"{toolset.name} did not answer within {self.timeout_secs:g} s"
+        except Exception as exc:  # a toolset may raise anything; health must answer
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            return ComponentHealth(
+                status="UP" if health.up else "DOWN", details=dict(health.details)
+            )
+        return ComponentHealth(status="DOWN", details={"error": error})
 
     def readiness(self) -> HealthReport:
         """The readiness answer: UP once the plugin started; the agent component is left out."""
