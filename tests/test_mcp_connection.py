@@ -5,14 +5,18 @@ changed tool list, a server that is not there (or comes later), shutdown (issue 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent_plugin.agent import Agent
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.mcp import MCPServer
+from agent_plugin.messages import ToolResultPart
+from agent_plugin.providers.scripted import ScriptedModel, tool_call
 from agent_plugin.redaction import redact_text
 from agent_plugin.tools import Tool, ToolContext
 from agent_plugin.toolsets import LiveToolset
@@ -84,6 +88,27 @@ async def test_a_stdio_server_that_crashes_mid_call_is_started_again(tmp_path: P
         assert not alive(first)
         assert live.revision == revision  # the same tools: the prompt stays the same
         assert (await live.health()).details["connects"] == 2
+    finally:
+        await live.aclose()
+
+
+async def test_a_run_goes_on_after_its_server_crashed_mid_run(tmp_path: Path) -> None:
+    live = await declared("stdio", tmp_path, None).start({})
+    try:
+        before = await whoami(live)
+        model = ScriptedModel([tool_call("files_crash"), tool_call("files_whoami"), "done"])
+        turn = await Agent(model, tools=live.tools()).run("crash, then say who you are")
+        crashed, answered = [
+            part.tool_result
+            for message in turn.new_messages
+            for part in message.content
+            if isinstance(part, ToolResultPart)
+        ]
+        assert crashed.is_error
+        assert "whether the tool ran is unknown" in crashed.content
+        assert not answered.is_error
+        assert int(json.loads(answered.content)) not in (before, 0)  # a new server process
+        assert turn.outcome.status == "completed"
     finally:
         await live.aclose()
 
