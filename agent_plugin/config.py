@@ -136,6 +136,7 @@ _ACCEPTED: Final[dict[str, str]] = {
     "session_lock": "queue or reject",
     "max_request_bytes": "a whole number of bytes from 1024 to 1073741824",
     "model_client": "an import path such as tests.models:support_bot, or unset",
+    "mcp_servers": "[[agent.mcp_servers]] tables in the file (or a list of tables in code)",
 }
 
 
@@ -260,6 +261,11 @@ class AgentSettings(BaseSettings):
         default=None,
         description="Import path (module:name) of an LlmClient, or of a function of the "
         "settings that makes one; replaces the provider (tests script app and worker alike).",
+    )
+    mcp_servers: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="[[agent.mcp_servers]] tables: MCP servers whose tools the agent gets "
+        "(checked at startup by agent_plugin.mcp.configured_servers).",
     )
 
     @field_validator("provider", mode="before")

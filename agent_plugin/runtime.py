@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -42,6 +43,13 @@ from agent_plugin.redaction import register_secret, unregister_secret
 from agent_plugin.sessions import SessionStore
 from agent_plugin.skills import Skill, load_skills
 from agent_plugin.tools import Tool, ToolRegistry
+from agent_plugin.toolsets import (
+    LiveToolset,
+    Toolset,
+    close_toolsets,
+    gather_tools,
+    start_toolsets,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -66,7 +74,8 @@ class AgentRuntime:
     ``delivery`` receives the reports of background runs with delivery on; ``heartbeat`` is
     what the workers tick; ``followups`` (the longest delay) gives every agent the
     ``schedule_followup`` tool; ``runs`` holds the background runs' records (``None`` when
-    background runs are off). :meth:`aclose` closes what the runtime opened.
+    background runs are off); ``toolsets`` are the started toolsets (MCP servers), whose
+    current tools every agent gets. :meth:`aclose` closes what the runtime opened.
     """
 
     def __init__(
@@ -86,6 +95,7 @@ class AgentRuntime:
         followups: timedelta | None = None,
         database: Database | None = None,
         runs: SqlRunStore | None = None,
+        toolsets: Sequence[LiveToolset] = (),
         owns_client: bool = False,
     ) -> None:
         self.settings = settings
@@ -102,10 +112,13 @@ class AgentRuntime:
         self.followups = followups
         self.database = database
         self.runs = runs
+        self.toolsets = tuple(toolsets)
         self._owns_client = owns_client
         self._secrets: list[str] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._agents: dict[tuple[AgentOverrides, Enqueue | None], Agent] = {}
+        self._revisions: tuple[int, ...] = tuple(t.revision for t in self.toolsets)
+        self._built_in: list[str] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -127,8 +140,12 @@ class AgentRuntime:
         <agent_plugin.policy.ToolRules.read_only>` to the policy. With ``followups`` the agent
         gets the ``schedule_followup`` tool, which books through ``book_followup`` (without
         one it tells the model that nothing can run later). Agents keep no per-run state, so
-        one is built per set of overrides and reused.
+        one is built per set of overrides and reused, until a toolset's tools change.
         """
+        revisions = tuple(toolset.revision for toolset in self.toolsets)
+        if revisions != self._revisions:
+            self._agents.clear()
+            self._revisions = revisions
         key = (overrides, book_followup)
         agent = self._agents.get(key)
         if agent is None:
@@ -138,9 +155,7 @@ class AgentRuntime:
             self._agents[key] = agent
         return agent
 
-    def _build(self, overrides: AgentOverrides, book_followup: Enqueue | None) -> Agent:
-        settings = self.settings
-        scope = overrides.memory_scope or DEFAULT_SCOPE
+    def _own_tools(self, overrides: AgentOverrides, book_followup: Enqueue | None) -> list[Tool]:
         tools: list[Tool] = list(self.tools)
         if self.followups is not None:
             tools.append(
@@ -149,9 +164,28 @@ class AgentRuntime:
                     max_delay=self.followups,
                     depth=overrides.followup_depth,
                     session=overrides.session,
-                    memory_scope=scope,
+                    memory_scope=overrides.memory_scope or DEFAULT_SCOPE,
                 )
             )
+        return tools
+
+    def _with_toolsets(self, tools: list[Tool], *, strict: bool) -> list[Tool]:
+        """``tools`` and the toolsets' current tools (see :func:`gather_tools`)."""
+        if not self.toolsets:
+            return tools
+        if self._built_in is None:  # the names the agent adds itself (memory, load_skill)
+            bare = Agent(self.client, memory=self.memory_store, skills=self.skills)
+            self._built_in = bare.tools.names()
+        return gather_tools(tools, self.toolsets, reserved=self._built_in, strict=strict)
+
+    def check_tool_names(self) -> None:
+        """Raise a ``config`` error when a toolset's tool has the name of another tool."""
+        self._with_toolsets(self._own_tools(DEFAULT_OVERRIDES, None), strict=True)
+
+    def _build(self, overrides: AgentOverrides, book_followup: Enqueue | None) -> Agent:
+        settings = self.settings
+        scope = overrides.memory_scope or DEFAULT_SCOPE
+        tools = self._with_toolsets(self._own_tools(overrides, book_followup), strict=False)
         policy = self.policy
         if overrides.read_only:
             policy = Strictest([policy, ToolRules.read_only()])
@@ -214,8 +248,8 @@ class AgentRuntime:
         return task
 
     async def aclose(self) -> None:
-        """Cancel tracked tasks, close the delivery (when it has an ``aclose``), dispose the
-        database and close the client the runtime built."""
+        """Cancel tracked tasks, close the toolsets and the delivery (when it has an
+        ``aclose``), dispose the database and close the client the runtime built."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -223,6 +257,7 @@ class AgentRuntime:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         try:
+            await close_toolsets(self.toolsets)
             await _close_delivery(self.delivery)
             if self.database is not None:
                 await self.database.dispose()
@@ -265,11 +300,14 @@ class RuntimeSpec:
     ``session_store`` ``None`` and ``memory_store="sql"`` use the SQL stores on
     ``database_url``; ``skill_folders`` are read at opening. ``run_records``: open the run
     store (background runs are on), with ``pool_size`` database connections.
-    ``auto_migrate`` ``None``: migrate SQLite, only check PostgreSQL. ``secrets``: values the
-    app wants redacted by value, beside the configured key and URL passwords.
+    ``auto_migrate`` ``None``: migrate SQLite, only check PostgreSQL. ``toolsets`` (MCP
+    servers) are started at opening, with those of the settings' ``mcp_servers``.
+    ``secrets``: values the app wants redacted by value, beside the configured key and
+    URL passwords.
     """
 
     tools: tuple[Tool, ...] = ()
+    toolsets: tuple[Toolset, ...] = ()
     hooks: tuple[AgentHooks, ...] = ()
     policy: ToolPolicy | None = None
     model: LlmClient | ModelFactory | None = None
@@ -351,6 +389,7 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
         skills.extend(load_skills(folder))
     client, owns_client = _client_for(spec, settings)
     database: Database | None = None
+    toolsets: list[LiveToolset] = []
     try:
         if spec.needs_database:
             database = _database_for(spec, settings)
@@ -361,6 +400,8 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
             from agent_plugin.storage import SqlRunStore
 
             runs = SqlRunStore(database)
+        environ = spec.environ if spec.environ is not None else os.environ
+        toolsets = await start_toolsets(_toolsets_for(spec, settings), environ)
         runtime = AgentRuntime(
             settings=settings,
             client=client,
@@ -376,12 +417,15 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
             followups=spec.followups,
             database=database,
             runs=runs,
+            toolsets=toolsets,
             owns_client=owns_client,
         )
+        runtime.check_tool_names()
         runtime.register_secrets(_configured_secrets(spec, settings))
         return runtime
     except BaseException:
         try:
+            await close_toolsets(toolsets)
             if database is not None:
                 await database.dispose()
         finally:
@@ -395,6 +439,15 @@ def _configured_secrets(spec: RuntimeSpec, settings: AgentSettings) -> list[str 
     of the configured URLs, and the secrets the app named."""
     urls = [settings.base_url, settings.redis_url, settings.database_url]
     return [settings.api_key(spec.environ), *map(url_password, urls), *spec.secrets]
+
+
+def _toolsets_for(spec: RuntimeSpec, settings: AgentSettings) -> list[Toolset]:
+    """The spec's toolsets, then the MCP servers of the settings' ``mcp_servers`` tables."""
+    if not settings.mcp_servers:
+        return list(spec.toolsets)
+    from agent_plugin.mcp import configured_servers
+
+    return [*spec.toolsets, *configured_servers(settings.mcp_servers)]
 
 
 def _client_for(spec: RuntimeSpec, settings: AgentSettings) -> tuple[LlmClient, bool]:

@@ -1,4 +1,5 @@
-"""The demo: a FastAPI app whose agent looks up the weather and sends messages (with approval).
+"""The demo: a FastAPI app whose agent looks up the weather, sends messages (with approval) and
+keeps notes in a local MCP server it starts (``example_app/notes_server.py``).
 
 Start it from the repository root, with no API key::
 
@@ -18,8 +19,12 @@ Routes (all documented at ``/docs``):
   before ``send_message`` runs: the answer has ``status: "awaiting_approval"`` and a ``run_id``;
   ``POST /approvals/{run_id}`` with ``{"approve": true}`` (or ``false`` and a ``reason``)
   resumes it. The paused run's state stays on the server; the client only names it;
+* notes come from an MCP server the plugin starts as a subprocess (and each worker starts its
+  own, so notes are per process): ``"Remember that the demo speaks MCP"`` pauses before
+  ``notes_add_note`` (a write), ``"What are my notes?"`` runs ``notes_list_notes`` (read only);
 * ``GET /outbox`` shows the messages sent; ``GET /agent/tools`` lists the tools;
-  ``GET /health`` reports the model provider, ``GET /health/ready`` readiness;
+  ``GET /health`` reports the model provider and the notes server, ``GET /health/ready``
+  readiness;
 * background runs (with Redis and a worker, ``arq example_app.worker.WorkerSettings``):
   ``POST /agent/runs`` with ``{"prompt": ...}`` queues a run and answers 202 with its
   ``status_path``; ``GET /agent/runs/{run_id}`` reports it; a run that waits for approval is
@@ -40,6 +45,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -72,13 +78,23 @@ from agent_plugin import (
     tool,
 )
 from agent_plugin.config import AgentSettings
+from agent_plugin.mcp import MCPServer
 from agent_plugin.messages import ToolResultPart
 from agent_plugin.outcomes import NeedsApproval
 from agent_plugin.providers.base import ChatResponse
 from agent_plugin.providers.scripted import Reply, tool_call
 from agent_plugin.web import AgentHandle, AgentPlugin
 
-__all__ = ["app", "demo_model", "demo_reply", "get_time", "get_weather", "plugin", "send_message"]
+__all__ = [
+    "NOTES_SERVER",
+    "app",
+    "demo_model",
+    "demo_reply",
+    "get_time",
+    "get_weather",
+    "plugin",
+    "send_message",
+]
 
 CONFIG_FILE: Final = os.environ.get("AGENT_CONFIG_FILE") or Path(__file__).with_name("agent.toml")
 
@@ -139,6 +155,13 @@ async def send_message(
     return {"sent": True, "to": to, "id": message_id}
 
 
+NOTES_SERVER: Final = MCPServer.stdio(
+    "notes", sys.executable, [str(Path(__file__).with_name("notes_server.py"))], trusted=True
+)
+"""The notes MCP server, started with the app (and with each worker). Trusted: its annotations
+make ``notes_list_notes`` read only and ``notes_add_note`` a write, which needs approval."""
+
+
 # --- the scripted model -----------------------------------------------------------------------
 
 _RECIPIENT: Final = re.compile(
@@ -146,6 +169,8 @@ _RECIPIENT: Final = re.compile(
 )
 _CITY: Final = re.compile(r"\b(?i:in|for|at)\s+([A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)*)")
 _NOT_NAMES: Final = frozenset({"me", "us", "the", "a", "an", "him", "her", "them", "about"})
+_NOTE: Final = re.compile(r"\b(?i:remember|note down)\s+(?:(?i:that)\s+)?(?P<text>\S.*)")
+_NOTES: Final = re.compile(r"\b(?i:notes)\b")
 
 
 def _find_city(prompt: str) -> str | None:
@@ -201,6 +226,15 @@ def demo_reply(request: ChatRequest) -> Reply:
                 if answered is not None:
                     results[answered.name] = _result_data(part.tool_result.content)
 
+    note = _NOTE.search(prompt)
+    if note is not None:
+        if "notes_add_note" not in results:
+            return tool_call("notes_add_note", {"text": note["text"].strip(" .!")})
+        return _answer(results, _user_turns(messages))
+    if _NOTES.search(prompt):
+        if "notes_list_notes" not in results:
+            return tool_call("notes_list_notes")
+        return _answer(results, _user_turns(messages))
     city = _find_city(prompt)
     recipient = _find_recipient(prompt)
     if city is not None and "get_weather" not in results:
@@ -240,6 +274,12 @@ def _answer(results: dict[str, dict[str, JsonValue]], turns: int) -> str:
             f"It is {now.get('utc')} UTC (from get_time). Ask me about the weather in a city, "
             "or to tell someone something."
         )
+    for name, done in (("notes_add_note", "I wrote it down"), ("notes_list_notes", "Your notes")):
+        result = results.get(name)
+        if result is not None and "error" in result:
+            sentences.append(f"{name} did not run: {result['error']}.")
+        elif result is not None:
+            sentences.append(f"{done} (with {name}): {result.get('value')}")
     if turns > 1:
         sentences.append(f"This is message {turns} of our conversation.")
     return " ".join(sentences)
@@ -361,6 +401,7 @@ def _answer_of(outcome: AgentOutcome, desk: ApprovalDesk) -> Answer:
 
 plugin = AgentPlugin(
     tools=[get_weather, get_time, send_message],
+    toolsets=[NOTES_SERVER],
     policy=ToolRules.ask_before_acting(),
     model=demo_model,
     config_file=CONFIG_FILE,
@@ -368,7 +409,8 @@ plugin = AgentPlugin(
 
 app = FastAPI(
     title="fastapi-agent-plugin demo",
-    summary="An agent with a weather tool and a message tool that needs approval.",
+    summary="An agent with a weather tool, a message tool that needs approval, and notes kept "
+    "by an MCP server.",
     lifespan=lifespan,
 )
 plugin.install(app, runs_route=True)

@@ -22,7 +22,8 @@ for a :class:`~agent_plugin.proactive.WebhookDelivery` instead; ``JOBS_TEST_WEBH
 ``JOBS_TEST_FOLLOWUPS`` (the follow-ups' longest delay, in minutes) and ``JOBS_TEST_HEARTBEAT``
 (``every:<seconds>`` or ``cron:<expression>``, with ``JOBS_TEST_HEARTBEAT_PROMPT``,
 ``_SESSION``, ``_TIMEZONE``, ``_PER_REPLICA`` and ``_ACTIONS``); the heartbeat's precheck logs
-``heartbeat_tick`` on every tick.
+``heartbeat_tick`` on every tick. ``JOBS_TEST_MCP_LOG`` (``tests/test_mcp_jobs.py``) adds the
+tests' MCP server as the stdio server ``files``, logging its calls to that file.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from agent_plugin.runtime import AgentRuntime
 from agent_plugin.storage import Database
 from agent_plugin.storage.models import RunRow
 from agent_plugin.tools import ToolContext, ToolEffect, tool
+from agent_plugin.toolsets import Toolset
 from agent_plugin.web import AgentPlugin, AppAgent
 
 LOG_ENV: Final = "JOBS_TEST_LOG"
@@ -330,6 +332,7 @@ def make_plugin(
         followups = timedelta(minutes=float(minutes)) if minutes else None
     return AgentPlugin(
         tools=[effect, send, login],
+        toolsets=mcp_from_env(env),
         policy=policy if policy is not None else ToolRules().for_tool("send", ASK),
         model=ScriptedModel(default=plan_reply),
         jobs=options_from_env(environ, **options),
@@ -338,6 +341,16 @@ def make_plugin(
         heartbeat=heartbeat_from_env(env) if heartbeat is _FROM_ENV else heartbeat,
         followups=followups,
     )
+
+
+def mcp_from_env(env: Mapping[str, str]) -> list[Toolset]:
+    """The tests' MCP server (``files``) when ``JOBS_TEST_MCP_LOG`` names its log."""
+    log = env.get("JOBS_TEST_MCP_LOG")
+    if not log:
+        return []
+    from tests.mcp_harness import stdio_server
+
+    return [stdio_server("files", log=Path(log))]
 
 
 def make_app(plugin: AgentPlugin, **install: Any) -> FastAPI:

@@ -146,6 +146,11 @@ def test_full_section_parses(tmp_path: Path) -> None:
         health_path = "/healthz"
         session_lock = "reject"
         max_request_bytes = 65536
+
+        [[agent.mcp_servers]]
+        name = "files"
+        command = "python"
+        args = ["server.py"]
         """,
     )
     settings = load(path)
@@ -165,6 +170,8 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "health_path": "/healthz",
         "session_lock": "reject",
         "max_request_bytes": 65536,
+        "model_client": None,
+        "mcp_servers": [{"name": "files", "command": "python", "args": ["server.py"]}],
     }
     assert settings.resolved_model() == "claude-opus-4-1"
     assert settings.resolved_base_url() == "https://proxy.example.com"
@@ -389,6 +396,8 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "health_path": "/status",
         "session_lock": "reject",
         "max_request_bytes": 4096,
+        "model_client": None,
+        "mcp_servers": [],
     }
 
 

@@ -146,15 +146,26 @@ async def test_stream_sends_the_runs_events(http: httpx.AsyncClient) -> None:
 
 async def test_health_tools_and_openapi(http: httpx.AsyncClient) -> None:
     health = await http.get("/health")
+    notes = {"transport": "stdio", "tools": 2, "connects": 1, "protocol": "2026-07-28"}
     assert health.json() == {
         "status": "UP",
-        "components": {"agent": {"status": "UP", "details": {"provider": "scripted", "models": 1}}},
+        "components": {
+            "agent": {"status": "UP", "details": {"provider": "scripted", "models": 1}},
+            "mcp:notes": {"status": "UP", "details": notes},
+        },
     }
-    assert (await http.get("/health/ready")).json() == {"status": "UP", "components": {}}
+    ready = (await http.get("/health/ready")).json()
+    assert ready["status"] == "UP"
+    assert {name: c["status"] for name, c in ready["components"].items()} == {
+        "database": "UP",
+        "redis": "UP",
+    }
     tools = {t["name"]: t["effect"] for t in (await http.get("/agent/tools")).json()}
     assert tools == {
         "get_time": "read_only",
         "get_weather": "read_only",
+        "notes_add_note": "write",
+        "notes_list_notes": "read_only",
         "send_message": "external",
     }
 
@@ -213,3 +224,18 @@ def test_the_demo_reply_plans_from_the_prompt() -> None:
         "send_message", {"to": "Dave", "text": "the build is green"}
     )
     assert first("what can you do?") == tool_call("get_time")
+    assert first("Remember that the demo speaks MCP.") == tool_call(
+        "notes_add_note", {"text": "the demo speaks MCP"}
+    )
+    assert first("What are my notes?") == tool_call("notes_list_notes")
+
+
+async def test_notes_from_the_mcp_server_the_demo_starts(http: httpx.AsyncClient) -> None:
+    paused = (await http.post("/ask", json={"prompt": "Remember that MCP works"})).json()
+    assert paused["status"] == "awaiting_approval"
+    assert [call["name"] for call in paused["awaiting"]] == ["notes_add_note"]
+    approved = await http.post(f"/approvals/{paused['run_id']}", json={"approve": True})
+    assert approved.json()["answer"] == "I wrote it down (with notes_add_note): noted (1 notes)"
+    listed = (await http.post("/ask", json={"prompt": "What are my notes?"})).json()
+    assert listed["status"] == "completed"  # reading needs no approval
+    assert listed["answer"] == "Your notes (with notes_list_notes): - MCP works"

@@ -16,6 +16,7 @@ ADAPTERS = (
     "agent_plugin.runtime",
     "agent_plugin.storage",
     "agent_plugin.live",
+    "agent_plugin.mcp",
 )
 
 
@@ -102,3 +103,47 @@ def test_importing_the_package_leaves_optional_features_unloaded() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_web_side_and_the_mcp_declarations_leave_the_mcp_sdk_unloaded() -> None:
+    """``import agent_plugin.web`` and declaring an MCP server import no part of the MCP SDK
+    (the ``mcp`` extra): only starting a server does (issue 22)."""
+    script = textwrap.dedent(
+        """
+        import sys
+        import agent_plugin, agent_plugin.web
+        from agent_plugin.mcp import MCPServer
+        MCPServer.stdio("files", "python", ["server.py"])
+        MCPServer.http("docs", "https://example.com/mcp")
+        sdk = ("mcp", "mcp_types", "httpx2", "jsonschema")
+        print(sorted(m for m in sys.modules if m.split(".")[0] in sdk))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_starting_an_mcp_server_without_the_sdk_names_the_extra() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, sys
+        sys.modules["mcp"] = None  # as if the mcp extra were not installed
+        from agent_plugin.errors import AgentError
+        from agent_plugin.mcp import MCPServer
+        try:
+            asyncio.run(MCPServer.stdio("files", "python").start({}))
+        except AgentError as error:
+            print(error.kind.value, error.message)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "config MCP server 'files': the MCP SDK is not installed: "
+        "pip install 'fastapi-agent-plugin[mcp]'"
+    )

@@ -733,6 +733,11 @@ async def test_a_session_id_with_a_nul_is_refused_as_invalid(database: Database)
     assert "NUL" in str(caught.value)
 
 
+async def execute_in(database: Database, statement: Any, values: dict[str, Any]) -> None:
+    async with database.write() as conn:
+        await conn.execute(statement, values)
+
+
 async def test_a_value_the_database_refuses_is_invalid_and_never_shows_sql() -> None:
     schema = PostgresSchema()
     await schema.create()
@@ -748,12 +753,11 @@ async def test_a_value_the_database_refuses_is_invalid_and_never_shows_sql() -> 
         assert "SELECT" not in message
         assert "secret" not in message
         # A value that cannot even be bound is internal, with neither SQL nor parameters.
+        statement = sa.select(sa.literal("x")).where(
+            sa.bindparam("v", type_=sa.JSON()) != None  # noqa: E711
+        )
         with pytest.raises(AgentError) as bound:
-            async with database.write() as conn:
-                statement = sa.select(sa.literal("x")).where(
-                    sa.bindparam("v", type_=sa.JSON()) != None  # noqa: E711
-                )
-                await conn.execute(statement, {"v": {"top-secret": object()}})
+            await execute_in(database, statement, {"v": {"top-secret": object()}})
         assert bound.value.kind is ErrorKind.INTERNAL
         assert "top-secret" not in str(bound.value)
         assert "[SQL" not in str(bound.value)

@@ -1,13 +1,13 @@
 """Health routes: ``GET {health_path}`` with the ``agent`` component (is the model provider
-reachable?), and ``GET {health_path}/ready`` with what serving needs: the ``database`` and,
-with background runs on, ``redis`` (and ``workers``, when asked for: does any worker serve
-the queue?).
+reachable?) and one component per toolset (``mcp:<server>``: is the MCP server connected?),
+and ``GET {health_path}/ready`` with what serving needs: the ``database`` and, with background
+runs on, ``redis`` (and ``workers``, when asked for: does any worker serve the queue?).
 
 Every check is time-limited and cached, and concurrent requests share one check, so a slow or
 failing dependency never makes a health route slow and a busy route never floods it. The
 ``agent`` component is health-only: a provider's bad minute does not take the app out of
-rotation. An app with its own health route includes :meth:`AgentHealth.check` in it
-(``docs/guide/routes-errors-health.md``).
+rotation, and neither does a toolset's. An app with its own health route includes
+:meth:`AgentHealth.check` in it (``docs/guide/routes-errors-health.md``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from agent_plugin.providers.base import LlmClient
 if TYPE_CHECKING:
     from agent_plugin.jobs import RunQueue
     from agent_plugin.runtime import AgentRuntime
+    from agent_plugin.toolsets import LiveToolset
 
 __all__ = [
     "NOT_STARTED",
@@ -125,6 +126,8 @@ class AgentHealth:
 
     * ``agent`` (:meth:`check`): the runtime's provider client lists its models; UP with the
       provider and the number of models, or DOWN with the error. Health-only.
+    * one component per toolset of the runtime, named after it (``mcp:<server>``): the
+      toolset's own answer. Health-only too.
     * readiness (:meth:`readiness`): ``database`` (a ``SELECT 1``), ``redis`` (a ``PING``, with
       background runs on) and, with ``workers=True``, ``workers``: whether a worker has
       written arq's health-check key of the agent's queue lately (an app with no worker still
@@ -158,6 +161,7 @@ class AgentHealth:
         self.clock = clock
         self._runtime: AgentRuntime | None = None
         self._agent: _Cached | None = None
+        self._toolsets: dict[str, _Cached] = {}
         self._ready: dict[str, _Cached] = {}
 
     def __repr__(self) -> str:
@@ -191,6 +195,10 @@ class AgentHealth:
             health=self,
             details={"provider": provider},
         )
+        self._toolsets = {
+            toolset.name: _Cached(_toolset_probe(toolset), name=toolset.name, health=self)
+            for toolset in runtime.toolsets
+        }
         ready: dict[str, _Cached] = {}
         database = runtime.database
         if database is not None:
@@ -203,7 +211,9 @@ class AgentHealth:
         if queue is not None:
             ready["redis"] = _Cached(lambda: _redis_up(queue), name="Redis", health=self)
             if self.workers:
-                ready["workers"] = _Cached(lambda: _workers_up(queue), name="Redis", health=self)
+                ready["workers"] = _Cached(
+                    lambda: _workers_up(queue), name="the workers' health key", health=self
+                )
         self._ready = ready
 
     def detach(self, runtime: AgentRuntime) -> None:
@@ -211,6 +221,7 @@ class AgentHealth:
         if self._runtime is runtime:
             self._runtime = None
             self._agent = None
+            self._toolsets = {}
             self._ready = {}
 
     async def check(self) -> ComponentHealth:
@@ -220,8 +231,10 @@ class AgentHealth:
         return await self._agent.get()
 
     async def report(self) -> HealthReport:
-        """The health route's answer: the ``agent`` component."""
-        return HealthReport.of({self.name: await self.check()})
+        """The health route's answer: the ``agent`` component and the toolsets' components."""
+        names = list(self._toolsets)
+        checks = await asyncio.gather(self.check(), *(self._toolsets[n].get() for n in names))
+        return HealthReport.of(dict(zip([self.name, *names], checks, strict=True)))
 
     async def readiness(self) -> HealthReport:
         """The readiness answer: DOWN before the plugin started, or when the database (or,
@@ -232,6 +245,14 @@ class AgentHealth:
         names = list(self._ready)
         results = await asyncio.gather(*(self._ready[name].get() for name in names))
         return HealthReport.of(dict(zip(names, results, strict=True)))
+
+
+def _toolset_probe(toolset: LiveToolset) -> Probe:
+    async def probe() -> ComponentHealth:
+        health = await toolset.health()
+        return ComponentHealth(status="UP" if health.up else "DOWN", details=dict(health.details))
+
+    return probe
 
 
 async def _models(client: LlmClient, provider: str) -> ComponentHealth:

@@ -38,6 +38,7 @@ from agent_plugin.runtime import (
 from agent_plugin.sessions import SessionStore
 from agent_plugin.skills import Skill
 from agent_plugin.tools import Tool
+from agent_plugin.toolsets import Toolset
 from agent_plugin.web.handle import STATE_KEY, AppAgent
 from agent_plugin.web.health import AgentHealth, health_router
 from agent_plugin.web.problems import agent_error_handler
@@ -82,6 +83,9 @@ class AgentPlugin:
     * ``heartbeat``: a :class:`~agent_plugin.proactive.Heartbeat` the workers tick.
     * ``followups``: the longest delay (a timedelta of at least a minute) of the
       ``schedule_followup`` tool every agent then gets; also :meth:`followups`.
+    * ``toolsets``: long-lived sources of tools, such as MCP servers
+      (``[MCPServer.stdio(...), MCPServer.http(...)]`` from :mod:`agent_plugin.mcp`), started
+      with the app and with every worker, besides those of the ``mcp_servers`` setting.
     * ``jobs``: background runs on arq: ``None`` (the default) turns them on when the plugin
       uses its SQL database anyway (the default stores), ``True`` or a :class:`JobOptions`
       turns them on (opening ``database_url`` for the run records even with in-memory
@@ -94,6 +98,7 @@ class AgentPlugin:
         self,
         *,
         tools: Iterable[Tool] = (),
+        toolsets: Iterable[Toolset] = (),
         hooks: Iterable[AgentHooks] = (),
         policy: ToolPolicy | None = None,
         model: LlmClient | ModelFactory | None = None,
@@ -114,6 +119,7 @@ class AgentPlugin:
         secrets: Iterable[str] = (),
     ) -> None:
         self._tools: list[Tool] = list(tools)
+        self._toolsets: list[Toolset] = list(toolsets)
         self._hooks: list[AgentHooks] = list(hooks)
         self.policy = policy
         self.model = model
@@ -250,6 +256,7 @@ class AgentPlugin:
         options = self.job_options()
         return RuntimeSpec(
             tools=tuple(self._tools),
+            toolsets=tuple(self._toolsets),
             hooks=tuple(self._hooks),
             policy=self.policy,
             model=self.model,

@@ -82,8 +82,9 @@ Id = Annotated[
 """An id a client names (a session): refused when it holds a NUL or a lone surrogate."""
 
 
-EVENT_ID_PATTERN: Final = r"^\s*[0-9]{1,20}(-[0-9]{1,20})?\s*$"
-"""An event id as the stream gives it (``<ms>-<seq>``), as ``Last-Event-ID`` sends it back."""
+EVENT_ID_PATTERN: Final = r"^\s*([0-9]{1,20}(-[0-9]{1,20})?)?\s*$"
+"""An event id as the stream gives it (``<ms>-<seq>``), as ``Last-Event-ID`` sends it back;
+empty for none."""
 
 RunIdPath = Annotated[
     str, Path(pattern=RUN_ID_PATTERN, description="The run's id, as enqueueing answered it")
