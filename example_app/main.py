@@ -413,7 +413,7 @@ app = FastAPI(
     "by an MCP server.",
     lifespan=lifespan,
 )
-plugin.install(app, runs_route=True)
+plugin.install(app, runs_route=True, allow_anonymous=True)  # a demo: no users to keep apart
 
 
 @app.post("/ask", response_model=Answer, tags=["demo"])

@@ -12,6 +12,7 @@ import asyncio
 import json
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -379,6 +380,30 @@ async def test_unknown_runs_answer_404(served: Served) -> None:
 
 
 # --- ids, duplicates, expiry ----------------------------------------------------------------
+
+
+async def test_an_idempotency_key_makes_retries_one_run(served: Served, env: JobsEnv) -> None:
+    tag, prompt = plan()
+    key = {"idempotency-key": f"key-{uuid.uuid4()}"}
+    body = {"prompt": prompt, "session": f"s-{uuid.uuid4().hex[:8]}"}
+    first = await served.client.post("/agent/runs", json=body, headers=key)
+    again = await served.client.post("/agent/runs", json=body, headers=key)  # a retry
+    assert (first.status_code, again.status_code) == (202, 202)
+    assert first.json() == again.json()
+    assert (await poll(served.client, first.json()["status_path"]))["status"] == "complete"
+    third = await served.client.post("/agent/runs", json=body, headers=key)  # after it ended
+    assert third.json() == first.json()
+    assert [x.args[0] for x in env.lines("model_start")].count(tag) == 1  # it ran once
+
+    changed = await served.client.post(
+        "/agent/runs", json={**body, "prompt": prompt + " "}, headers=key
+    )
+    assert changed.status_code == 409
+    assert "Idempotency-Key" in changed.json()["detail"]
+    # Without a key, the same body twice is two runs.
+    one = await served.client.post("/agent/runs", json={**body, "session": None})
+    two = await served.client.post("/agent/runs", json={**body, "session": None})
+    assert one.json()["run_id"] != two.json()["run_id"]
 
 
 async def test_enqueueing_the_same_run_twice_is_a_no_op(served: Served, env: JobsEnv) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -890,3 +891,26 @@ def chat_completion(text: str) -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
+
+
+# --- open by accident ----------------------------------------------------------------------
+
+
+def open_routes_warnings(caplog: pytest.LogCaptureFixture, **install: Any) -> list[str]:
+    plugin = AgentPlugin(model=ScriptedModel(), session_store=InMemorySessionStore(), environ={})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agent_plugin"):
+        plugin.install(FastAPI(), **install)
+    return [r.getMessage() for r in caplog.records if "without dependencies" in r.getMessage()]
+
+
+def test_routes_installed_without_dependencies_warn_unless_anonymous_is_meant(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    [warning] = open_routes_warnings(caplog, runs_route=True)
+    assert "/agent" in warning
+    assert "start" in warning
+    assert "allow_anonymous=True" in warning
+    assert open_routes_warnings(caplog, allow_anonymous=True) == []
+    guarded = open_routes_warnings(caplog, dependencies=[Depends(lambda: None)])
+    assert guarded == []

@@ -12,7 +12,15 @@ from agent_plugin.errors import AgentError
 from agent_plugin.ids import new_run_id
 from agent_plugin.options import DEFAULT_OVERRIDES, AgentOverrides
 
-__all__ = ["RUN_ID_PATTERN", "RunArgs", "RunHandle", "RunOrigin", "checked_run_id", "tick_run_id"]
+__all__ = [
+    "RUN_ID_PATTERN",
+    "RunArgs",
+    "RunHandle",
+    "RunOrigin",
+    "checked_run_id",
+    "idempotent_run_id",
+    "tick_run_id",
+]
 
 RunOrigin: TypeAlias = Literal["request", "followup", "heartbeat"]
 """Who started a run: an app request, an agent-booked follow-up, or a heartbeat tick."""
@@ -78,6 +86,12 @@ class RunHandle(BaseModel):
 
     run_id: str
     status_path: str = Field(examples=["/agent/runs/run_0123456789abcdef0123456789abcdef"])
+
+
+def idempotent_run_id(key: str) -> str:
+    """The run id an ``Idempotency-Key`` stands for: ``run_`` and 32 hex digits derived from
+    the key, so every retry of a request names the same run."""
+    return f"run_{hashlib.sha256(f'idempotency:{key}'.encode()).hexdigest()[:32]}"
 
 
 def tick_run_id(queue_name: str, tick_id: str) -> str:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from arq.connections import ArqRedis, create_pool
 from arq.constants import job_key_prefix
@@ -22,12 +24,13 @@ from redis.exceptions import RedisError
 from agent_plugin.config import AgentSettings, mask_url
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import RunEnded
-from agent_plugin.jobs.args import RunArgs, RunHandle
+from agent_plugin.jobs.args import RunArgs, RunHandle, idempotent_run_id
 from agent_plugin.jobs.options import JobOptions
 from agent_plugin.jobs.redis import (
     SessionLock,
     dumps,
     heartbeat_key,
+    idempotency_key,
     loads,
     lock_key,
     quietly,
@@ -43,9 +46,12 @@ from agent_plugin.records import RunRecord, RunStatus
 from agent_plugin.redaction import redact_text
 from agent_plugin.storage import SqlRunStore
 
-__all__ = ["AGENT_RESUME", "AGENT_RUN", "HeartbeatStats", "RunQueue"]
+__all__ = ["AGENT_RESUME", "AGENT_RUN", "IDEMPOTENCY_TTL", "HeartbeatStats", "RunQueue"]
 
 logger = logging.getLogger("agent_plugin.jobs")
+
+IDEMPOTENCY_TTL: Final = 86_400
+"""Seconds an ``Idempotency-Key`` is remembered: a day."""
 
 AGENT_RUN = "agent_run"
 """The arq function name of a run."""
@@ -200,6 +206,41 @@ class RunQueue:
             raise
         logger.info("run %s queued (origin %s)", run_id, args.origin)
         return self.handle(run_id)
+
+    async def enqueue_once(
+        self, key: str, args: RunArgs, *, delay: float | None = None
+    ) -> RunHandle:
+        """:meth:`enqueue` under an idempotency key: the same ``key`` with the same ``args``
+        and ``delay`` is the same run, however often it is sent (a client retrying after a
+        timeout); the same ``key`` with anything else is a ``CONFLICT``.
+
+        The run id is derived from the key, and Redis remembers a fingerprint of the request
+        for :data:`IDEMPOTENCY_TTL` seconds (by the key's hash). A first attempt that failed
+        halfway is completed by the next.
+        """
+        request = json.dumps(
+            {"args": args.model_dump(mode="json"), "delay": delay}, sort_keys=True
+        ).encode("utf-8")
+        fingerprint = hashlib.sha256(request).hexdigest()
+        run_id = idempotent_run_id(key)
+        redis = await self.redis()
+        remembered = idempotency_key(self.options.key_prefix, key)
+        async with self._reaching_redis():
+            first = await redis.set(remembered, fingerprint, nx=True, ex=IDEMPOTENCY_TTL)
+            seen = None if first else await redis.get(remembered)
+        if seen is not None and seen.decode() != fingerprint:
+            raise AgentError(
+                ErrorKind.CONFLICT,
+                "this Idempotency-Key was used for a different request; use a new key for a "
+                "new run",
+            )
+        try:
+            return await self.enqueue(run_id, args, delay=delay)
+        except AgentError:
+            if first:  # nothing was queued under the key: let the client try it again
+                async with self._reaching_redis():
+                    await redis.delete(remembered)
+            raise
 
     async def enqueue_resume(
         self, run_id: str, decisions: Sequence[ApprovalDecision] = ()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import random
@@ -199,6 +200,12 @@ def ms(seconds: float) -> int:
 def lock_key(prefix: str, session: str) -> str:
     """The key of a session's lock."""
     return f"{prefix}session-lock:{session}"
+
+
+def idempotency_key(prefix: str, key: str) -> str:
+    """The key that remembers what an ``Idempotency-Key`` was first used for (by its hash:
+    the client's key itself is never stored)."""
+    return f"{prefix}idempotency:{hashlib.sha256(key.encode('utf-8')).hexdigest()}"
 
 
 def heartbeat_key(prefix: str) -> str:

@@ -186,15 +186,18 @@ class AppAgent:
         deliver: bool = False,
         run_id: str | None = None,
         delay: float | timedelta | None = None,
+        idempotency_key: str | None = None,
     ) -> RunHandle:
         """Queue a background run; answer its id and the path that reports its status.
 
         ``session`` and ``scope`` (the memory scope), ``system_prompt`` and ``max_steps`` set
         the run's agent; ``deliver`` reports how it ended to the plugin's delivery; ``delay``
         (seconds or a timedelta) starts it later. The run's record exists (``queued``) before
-        its job reaches Redis; the same ``run_id`` twice is one run. ``unavailable`` when
-        Redis cannot be reached, ``conflict`` for a busy session under ``session_lock =
-        "reject"``, ``config`` for a bad argument (naming it).
+        its job reaches Redis; the same ``run_id`` twice is one run. With ``idempotency_key``
+        (instead of a ``run_id``) the same key and request are one run for a day, and the
+        same key with another request is a ``conflict`` (see :meth:`RunQueue.enqueue_once`).
+        ``unavailable`` when Redis cannot be reached, ``conflict`` for a busy session under
+        ``session_lock = "reject"``, ``config`` for a bad argument (naming it).
         """
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
         if seconds is not None and (not math.isfinite(seconds) or seconds < 0):
@@ -209,6 +212,10 @@ class AppAgent:
             },
             deliver=deliver,
         )
+        if idempotency_key is not None:
+            if run_id is not None:
+                raise AgentError.config("give a run its run_id or an idempotency_key, not both")
+            return await self.jobs.enqueue_once(idempotency_key, args, delay=seconds or None)
         return await self.jobs.enqueue(checked_run_id(run_id), args, delay=seconds or None)
 
     async def enqueue_resume(

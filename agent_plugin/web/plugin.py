@@ -426,19 +426,31 @@ class AgentPlugin:
         health_route: bool | None = None,
         runs_route: bool = False,
         console: bool = False,
+        allow_anonymous: bool = False,
     ) -> None:
         """Add the routes, the error handler and the health route; wrap the app's lifespan.
 
         ``dependencies`` (e.g. ``[Depends(require_user)]``) guard the agent routes; the
-        health routes stay open. ``health_route=None`` adds them unless the app already has a
-        route at the health path. ``runs_route=True`` adds ``POST {prefix}/runs`` and
-        ``console=True`` the run console page (see :meth:`router`). The plugin starts before
-        the app's own lifespan and stops after it, so the app's startup code can use the agent.
+        health routes stay open. Without ``dependencies`` the routes are open to anyone who
+        reaches the app, and a warning says so unless ``allow_anonymous=True`` says that is
+        meant (a demo, a service behind its own gateway). ``health_route=None`` adds the
+        health routes unless the app already has a route at the health path.
+        ``runs_route=True`` adds ``POST {prefix}/runs`` and ``console=True`` the run console
+        page (see :meth:`router`). The plugin starts before the app's own lifespan and stops
+        after it, so the app's startup code can use the agent.
         """
         if getattr(app.state, "agent_plugin", None) is not None:
             raise AgentError.config("an agent plugin is already installed in this app")
         app.state.agent_plugin = self
         prefix, health_path, body_limit = self._layout()
+        if not dependencies and not allow_anonymous:
+            logger.warning(
+                "the agent routes under %s are installed without dependencies: anyone who "
+                "reaches the app can list, read%s and cancel runs. Pass dependencies=[...] "
+                "(your authentication) to install, or allow_anonymous=True if that is meant",
+                prefix,
+                ", start" if runs_route else "",
+            )
         app.add_exception_handler(AgentError, agent_error_handler)
         app.include_router(
             self.router(

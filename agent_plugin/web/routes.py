@@ -244,8 +244,25 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
             summary="Start a background run",
             responses=problem_responses(400, 409, 413, 422, 503),
         )
-        async def start_run(body: RunRequest, agent: AgentHandle, response: Response) -> Any:
-            return _accepted(response, await agent.enqueue(body.prompt, session=body.session))
+        async def start_run(
+            body: RunRequest,
+            agent: AgentHandle,
+            response: Response,
+            idempotency_key: Annotated[
+                str | None,
+                Header(
+                    min_length=1,
+                    max_length=255,
+                    pattern=r"^[\x21-\x7e]+$",
+                    description="A key of the client's (a UUID): the same key and body are "
+                    "one run, whatever the retries; the same key with another body is a 409",
+                ),
+            ] = None,
+        ) -> Any:
+            handle = await agent.enqueue(
+                body.prompt, session=body.session, idempotency_key=idempotency_key
+            )
+            return _accepted(response, handle)
 
 
 def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
