@@ -558,9 +558,11 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def output(self) -> str:
+    def output(self, *, whole: bool = False) -> str:
+        """What the worker printed (its last 3000 characters, unless ``whole``)."""
         path = self.env.directory / f"{self.name}-{self.starts}.out"
-        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return text if whole else text[-3000:]
 
     def kill(self) -> None:
         """SIGKILL: the worker dies mid-whatever, with no clean-up at all."""

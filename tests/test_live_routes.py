@@ -10,6 +10,7 @@ after the run's ``run_end``, so each read below is a whole stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -41,8 +42,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobsEnv]:
 
 
 @asynccontextmanager
-async def serve(env: JobsEnv, **install: Any) -> AsyncIterator[httpx.AsyncClient]:
-    plugin = make_plugin(env.environ)
+async def serve(
+    env: JobsEnv, options: dict[str, Any] | None = None, **install: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    plugin = make_plugin(env.environ, **(options or {}))
     app = make_app(plugin, runs_route=True, **install)
     async with (
         app.router.lifespan_context(app),
@@ -472,3 +475,50 @@ async def test_a_reader_of_a_run_whose_record_went_gets_an_end(quick: httpx.Asyn
     assert status == 200
     assert seen[-1]["event"] == "run_end"
     assert seen[-1]["data"]["error"]["kind"] == "not_found"
+
+
+# --- readers are bounded ---------------------------------------------------------------------
+
+
+async def test_event_readers_are_capped_and_never_crowd_out_the_apps_redis(env: JobsEnv) -> None:
+    async with serve(env, options={"max_event_readers": 3}) as client:
+        agent = HANDLES[id(client)]
+        waiting = await agent.enqueue(plan(rounds=[[["effect", "never"]]]), delay=60)
+        streams = [await agent.jobs.events(waiting.run_id) for _ in range(3)]
+        readers = [asyncio.create_task(anext(s)) for s in streams if s is not None]
+        assert len(readers) == 3
+        await asyncio.sleep(0.3)  # each reader now blocks in XREAD on a connection of its own
+
+        # One more is turned away at once: 503, with when to try again.
+        refused = await client.get(f"/agent/runs/{waiting.run_id}/events")
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "5"
+        assert "max_event_readers" in refused.json()["detail"]
+        # The app's own Redis work goes on beside them: a run is queued and completes.
+        done = await start(client, plan(answer="fine"))
+        assert (await wait_for(client, done, {"complete", "failed"}))["status"] == "complete"
+        # The readers hold no more connections than the cap.
+        probe = redis_sync.Redis.from_url(env.redis_url)
+        try:
+            names = [c.get("name") for c in probe.client_list()]
+        finally:
+            probe.close()
+        assert 1 <= names.count(queue_module.READER_CLIENT_NAME) <= 3
+
+        # A reader that stops gives its place back.
+        readers[0].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await readers[0]
+        assert streams[0] is not None
+        await streams[0].aclose()  # type: ignore[attr-defined]
+        assert agent.jobs.readers == 2
+        again = await agent.jobs.events(waiting.run_id)
+        assert again is not None
+        assert agent.jobs.readers == 3
+        for reader in readers[1:]:
+            reader.cancel()
+        await asyncio.gather(*readers[1:], return_exceptions=True)
+        for stream in [*streams[1:], again]:
+            await stream.aclose()  # type: ignore[union-attr]
+        assert agent.jobs.readers == 0
+        await agent.cancel(waiting.run_id)

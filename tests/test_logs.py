@@ -95,7 +95,7 @@ def test_a_worker_says_at_start_up_where_everything_is(tmp_path: Path) -> None:
     worker = WorkerProcess(env, extra={"JOBS_TEST_DEBUG_LOGS": "1"})
     worker.start()
     try:
-        output = worker.output()
+        output = worker.output(whole=True)
     finally:
         worker.stop()
         clean_redis(env)

@@ -40,6 +40,10 @@ class JobOptions:
     * ``events``: publish each background run's events to its Redis stream (read by
       ``GET {prefix}/runs/{run_id}/events``); ``events_maxlen`` bounds the stream,
       ``events_ttl`` is how long it stays after the run ends.
+    * ``max_event_readers``: event streams one app process serves at once (each holds a
+      Redis connection of a pool of that size, apart from the app's other Redis work);
+      one more is answered 503 with ``Retry-After``, so readers can never use up Redis's
+      connections, which the workers need.
     """
 
     queue_name: str = "agent:queue"
@@ -57,6 +61,7 @@ class JobOptions:
     events: bool = True
     events_maxlen: int = 1000
     events_ttl: int = 3600
+    max_event_readers: int = 200
 
     @property
     def live_prefix(self) -> str:
@@ -78,6 +83,7 @@ class JobOptions:
             "queue_name": bool(self.queue_name.strip()),
             "events_maxlen": self.events_maxlen >= 1,
             "events_ttl": self.events_ttl >= 1,
+            "max_event_readers": self.max_event_readers >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

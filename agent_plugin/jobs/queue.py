@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from datetime import datetime
 from typing import Any, Final, cast
@@ -19,6 +20,7 @@ from typing import Any, Final, cast
 from arq.connections import ArqRedis, create_pool
 from arq.constants import job_key_prefix
 from pydantic import BaseModel, ConfigDict
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from agent_plugin.config import AgentSettings, mask_url
@@ -52,6 +54,10 @@ logger = logging.getLogger("agent_plugin.jobs")
 
 IDEMPOTENCY_TTL: Final = 86_400
 """Seconds an ``Idempotency-Key`` is remembered: a day."""
+READER_CLIENT_NAME: Final = "agent-events"
+"""The Redis client name of the event readers' connections (``CLIENT LIST`` shows it)."""
+READER_RETRY_AFTER: Final = 5.0
+"""Seconds a reader turned away (``max_event_readers``) is told to wait."""
 
 AGENT_RUN = "agent_run"
 """The arq function name of a run."""
@@ -93,6 +99,9 @@ class RunQueue:
         self._redis: ArqRedis | None = None
         self._owns_redis = False
         self._connecting = asyncio.Lock()
+        self._readers_redis: Redis | None = None
+        self.readers = 0
+        """Event streams this queue serves now (at most ``options.max_event_readers``)."""
 
     def __repr__(self) -> str:
         return f"RunQueue(redis={mask_url(self.redis_url)!r}, queue={self.options.queue_name!r})"
@@ -134,9 +143,27 @@ class RunQueue:
                 self._owns_redis = True
             return self._redis
 
+    def _reader_redis(self) -> Redis:
+        """The connections event readers block on: a pool of ``max_event_readers`` of its
+        own, so readers never take the connections enqueueing and cancelling need."""
+        if self._readers_redis is None:
+            settings = redis_settings(self.redis_url, worker=False)
+            self._readers_redis = Redis.from_url(
+                self.redis_url,
+                socket_connect_timeout=settings.conn_timeout,
+                retry=settings.retry,
+                retry_on_error=settings.retry_on_error,
+                max_connections=self.options.max_event_readers,
+                client_name=READER_CLIENT_NAME,
+            )
+        return self._readers_redis
+
     async def aclose(self) -> None:
-        """Close the connection this queue opened."""
+        """Close the connections this queue opened."""
         redis, self._redis = self._redis, None
+        readers, self._readers_redis = self._readers_redis, None
+        if readers is not None:
+            await readers.aclose(close_connection_pool=True)
         if redis is not None and self._owns_redis:
             await redis.aclose(close_connection_pool=True)
 
@@ -376,9 +403,19 @@ class RunQueue:
         """The run's events after ``last_event_id`` as ``(entry id, event JSON)`` pairs, or
         ``None`` when the reader has seen the run's end already; ``NOT_FOUND`` for an unknown
         run. An end the stream lost comes from the run's record (see
-        :func:`~agent_plugin.live.open_events`)."""
+        :func:`~agent_plugin.live.open_events`).
+
+        At most ``max_event_readers`` streams are served at once: one more is
+        ``UNAVAILABLE`` with a ``retry_after``. A stream holds its place until it ends or its
+        reader closes it."""
         record = await self.get(run_id)
-        redis = await self.redis()
+        if self.readers >= self.options.max_event_readers:
+            raise AgentError(
+                ErrorKind.UNAVAILABLE,
+                f"{self.readers} event streams are being served, the most this app serves at "
+                "once (max_event_readers); try again shortly",
+                retry_after=READER_RETRY_AFTER,
+            )
 
         async def recorded_end() -> RunEnded | None:
             try:
@@ -392,16 +429,25 @@ class RunQueue:
             return _end_of(now)
 
         ended = _end_of(record) if record.status.finished else None
-        async with self._reaching_redis():
-            return await open_events(
-                redis,
-                run_id,
-                ended=ended,
-                last_event_id=last_event_id,
-                follow=follow,
-                prefix=self.options.live_prefix,
-                recorded_end=recorded_end,
-            )
+        self.readers += 1
+        try:
+            async with self._reaching_redis():
+                events = await open_events(
+                    self._reader_redis(),
+                    run_id,
+                    ended=ended,
+                    last_event_id=last_event_id,
+                    follow=follow,
+                    prefix=self.options.live_prefix,
+                    recorded_end=recorded_end,
+                )
+        except BaseException:
+            self.readers -= 1
+            raise
+        if events is None:
+            self.readers -= 1
+            return None
+        return _ReaderPlace(self, events)
 
     # --- live runs: cancel and steer from any process ----------------------------------------
 
@@ -503,3 +549,33 @@ def _end_of(record: RunRecord) -> RunEnded | None:
     if not (record.status.finished or paused):
         return None
     return RunEnded(run_id=record.run_id, summary=record.outcome, error=record.error)
+
+
+class _ReaderPlace:
+    """A run's events, holding one of :attr:`RunQueue.readers`' places until they end, fail,
+    are closed or are dropped unread (whichever comes first gives the place back, once)."""
+
+    def __init__(self, queue: RunQueue, events: AsyncIterator[tuple[str, dict[str, Any]]]) -> None:
+        self.events = events
+        self._release = weakref.finalize(self, _give_back, queue)
+
+    def __aiter__(self) -> _ReaderPlace:
+        return self
+
+    async def __anext__(self) -> tuple[str, dict[str, Any]]:
+        try:
+            return await anext(self.events)
+        except BaseException:  # the end, an error, or the reader went away (cancelled)
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self._release.alive:
+            self._release()
+            closing = getattr(self.events, "aclose", None)
+            if closing is not None:
+                await closing()
+
+
+def _give_back(queue: RunQueue) -> None:
+    queue.readers -= 1
