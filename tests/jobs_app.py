@@ -80,6 +80,8 @@ class FailPlan(BaseModel):
     round: int = 0
     times: int = 0
     kind: ErrorKind = ErrorKind.RATE_LIMITED
+    message: str = ""
+    """The error's message (default ``scripted <kind>``)."""
 
 
 class Plan(BaseModel):
@@ -162,9 +164,8 @@ async def plan_reply(request: ChatRequest) -> Reply:
         )
         if failed < plan.fail.times:
             log("model_fail", plan.tag, done)
-            raise AgentError(
-                plan.fail.kind, f"scripted {plan.fail.kind.value}", provider="scripted"
-            )
+            message = plan.fail.message or f"scripted {plan.fail.kind.value}"
+            raise AgentError(plan.fail.kind, message, provider="scripted")
     if plan.model_delay:
         await asyncio.sleep(plan.model_delay)
     log("model_end", plan.tag, done)

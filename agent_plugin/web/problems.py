@@ -91,12 +91,14 @@ def problem(
     headers: Mapping[str, str] | None = None,
     **fields: JsonValue,
 ) -> JSONResponse:
-    """A problem response: ``status`` with the ``type``, ``title`` and ``kind`` of ``kind``."""
+    """A problem response: ``status`` with the ``type``, ``title`` and ``kind`` of ``kind``.
+
+    ``detail`` is redacted (it may repeat what a client sent, such as a call id)."""
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_PREFIX + kind.value,
         "title": kind.display_name,
         "status": status,
-        "detail": detail,
+        "detail": redact_text(detail),
         "kind": kind.value,
         **{key: value for key, value in fields.items() if value is not None},
     }
