@@ -1,6 +1,6 @@
 """The agent loop: call the model, gate and run the tools it asks for, repeat within budgets.
 
-One iteration of a run [reference §1.7]::
+One iteration of a run::
 
     deadline? cancelled? budget left?  ->  truncate history, cap the output
     before_model hooks  ->  model call  ->  after_model hooks

@@ -135,7 +135,7 @@ def _answers(previous: ChatMessage, results: ChatMessage) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """The step and token limits of one run [AP-19, AP-20].
+    """The step and token limits of one run.
 
     ``max_steps`` counts tool rounds (a final answer is free); ``max_tokens`` bounds the sum of
     the provider-reported usage of every call.

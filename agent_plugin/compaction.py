@@ -75,7 +75,7 @@ class CompactionReport(BaseModel):
 
 
 def render_transcript(messages: Sequence[ChatMessage]) -> str:
-    """The transcript as plain text for the summary call, one line per part [reference §1.14].
+    """The transcript as plain text for the summary call, one line per part.
 
     ``<role>: <text>``; ``<role> called <name> with <args json>``; ``<role> result: <the
     first 600 characters>`` (``result (error)`` for a failed call); ``<role> thought: <text>``
@@ -137,7 +137,7 @@ class CompactionResult:
 
 @dataclass(frozen=True, slots=True)
 class Compaction:
-    """When and how to fold the head of a long session into one summary [AP-36].
+    """When and how to fold the head of a long session into one summary.
 
     A transcript estimated above ``trigger_tokens`` keeps its newest messages, at most
     ``keep_recent_tokens`` of them starting on a user message, and the rest is summarised by

@@ -1,6 +1,6 @@
 """The ``[agent]`` configuration: :class:`AgentSettings`, loaded in layers, validated fail-closed.
 
-Layers, weakest first (SPEC §0, reference §1.1):
+Layers, weakest first:
 
 1. the defaults below;
 2. the ``[agent]`` table of ``agent.toml`` (the path comes from ``AGENT_CONFIG_FILE``; a missing

@@ -1,4 +1,4 @@
-"""Subagents: a whole child :class:`~agent_plugin.agent.Agent` used as one tool [AP-41].
+"""Subagents: a whole child :class:`~agent_plugin.agent.Agent` used as one tool.
 
 The parent model hands a task to a helper with its own prompt, tools and budgets; the helper runs
 fresh (it sees only its system prompt and the task, never the parent's conversation), and only

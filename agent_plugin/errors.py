@@ -59,7 +59,7 @@ class ErrorKind(StrEnum):
 
     @classmethod
     def from_http_status(cls, status: int) -> ErrorKind:
-        """Classify a provider's non-2xx HTTP status [AP-09]."""
+        """Classify a provider's non-2xx HTTP status."""
         if status in (401, 403):
             return cls.AUTHENTICATION
         if status == 429:

@@ -1,7 +1,7 @@
 """What a run reports while it goes on.
 
 Every event is a pydantic model tagged by ``type``, so it crosses a Redis stream or an SSE
-connection as plain JSON. One run (or resume) emits, in order [OP-01]::
+connection as plain JSON. One run (or resume) emits, in order::
 
     run_start
       turn_start
@@ -9,9 +9,9 @@ connection as plain JSON. One run (or resume) emits, in order [OP-01]::
         (approval_required | tool_start* tool_progress* tool_end*)
       turn_end
       ...
-    run_end            exactly once, on every exit path, errors included [OP-02]
+    run_end            exactly once, on every exit path, errors included
 
-Tool arguments are redacted before they are put in an event [OP-17]; tool results and
+Tool arguments are redacted before they are put in an event; tool results and
 assistant text are not.
 """
 

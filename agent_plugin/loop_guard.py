@@ -3,7 +3,7 @@
 Every executed tool call is reduced to a fingerprint of (tool name, arguments, raw result). The
 tracker keeps the last ``window`` fingerprints; when one of them occurs ``warn_after`` times the
 agent appends :func:`warning_note` to the result, and at ``stop_after`` times the run ends as
-``loop_detected`` [AP-32].
+``loop_detected``.
 
 Because the result is part of the fingerprint, polling a tool whose output changes is never a
 loop, while ping-pong between two calls is (both fingerprints repeat). Fingerprints are plain

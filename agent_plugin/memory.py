@@ -1,4 +1,4 @@
-"""Bounded memory the agent curates itself [AP-37..AP-39, reference §1.15].
+"""Bounded memory the agent curates itself.
 
 Memory lives in labelled :class:`MemoryBlock` s, each with a character limit: ``memory`` for what
 the agent learned, ``user`` for who it works for. The limit makes the agent consolidate instead
@@ -410,7 +410,7 @@ _SCHEMA: Final[dict[str, JsonValue]] = {
 
 
 class MemoryTool:
-    """The built-in ``memory`` tool, bound to one store and scope [AP-38].
+    """The built-in ``memory`` tool, bound to one store and scope.
 
     Effect ``internal``. Its calls in one round run one after another, in the order the model
     gave them (``replace`` after the ``add`` it refers to). The input is checked by the tool

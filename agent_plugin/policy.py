@@ -10,8 +10,8 @@ agent asks it once per tool call the model makes. Three policies ship:
       rules = ToolRules().for_tool("send_email", ASK).for_effect(ToolEffect.WRITE, deny("no"))
 
   The rule for the tool's name wins; else, for a tool the agent knows, the rule for its effect;
-  else the call is allowed [AP-28].
-* :class:`Strictest` — combines policies and keeps the strictest answer [AP-29].
+  else the call is allowed.
+* :class:`Strictest` — combines policies and keeps the strictest answer.
 
 Decisions are frozen pydantic models tagged by ``decision`` so they travel as JSON:
 ``{"decision": "deny", "reason": "..."}``.
@@ -148,7 +148,7 @@ Rule: TypeAlias = Allow | Ask | Deny
 
 
 class ToolRules:
-    """Per-name and per-effect rules [AP-28].
+    """Per-name and per-effect rules.
 
     Immutable: :meth:`for_tool` and :meth:`for_effect` return a new ``ToolRules`` with one rule
     added (or replaced), so a preset can be extended without changing it::
@@ -229,7 +229,7 @@ class ToolRules:
 
 
 class Strictest:
-    """Asks each policy in order and keeps the strictest answer [AP-29].
+    """Asks each policy in order and keeps the strictest answer.
 
     Any :class:`Deny` is returned at once; otherwise the first :class:`RequireApproval`;
     otherwise :data:`ALLOW`. An empty list allows everything.

@@ -1,5 +1,5 @@
 """Secret redaction for everything that leaves the process: events, errors, logs and what is
-stored [OP-35].
+stored.
 
 Every tool below replaces what it finds with one marker, :data:`REDACTED`, and never raises:
 

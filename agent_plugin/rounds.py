@@ -1,4 +1,4 @@
-"""One round of tool calls: every call the model asked for in one turn [reference §1.9].
+"""One round of tool calls: every call the model asked for in one turn.
 
 Per call, in order: the gate's verdict (denied / rejected / already finished calls are answered
 without running), the JSON and schema checks, the ``before_tool`` hooks (continue, modify,

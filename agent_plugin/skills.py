@@ -1,4 +1,4 @@
-"""Skills: reusable instructions the agent reads when a task needs them [AP-40, reference §1.16].
+"""Skills: reusable instructions the agent reads when a task needs them.
 
 A :class:`Skill` is a named block of instructions (a checklist, a house style, a playbook).
 Skills use progressive disclosure: the system prompt lists only each skill's name and one-line

@@ -9,7 +9,7 @@ __all__ = ["Steering"]
 
 
 class Steering:
-    """A queue of user messages for a run that is going on [OP-11].
+    """A queue of user messages for a run that is going on.
 
     ``send`` may be called at any time, from any task; the run takes every queued message
     before its next model request, in order. A run about to finish with an answer takes a

@@ -11,7 +11,7 @@ needs:
 :class:`ToolRegistry` holds a run's tools and hands out their definitions sorted by name, so the
 tool block of a prompt is byte-for-byte the same from call to call and provider caches keep
 hitting. :func:`canonical_json`, :func:`truncate_chars` and :func:`error_payload` produce the text
-a tool result carries back to the model [AP-23, AP-24].
+a tool result carries back to the model.
 
 Everything expensive (signature inspection, docstring parsing, schema generation and compiling
 the validators) happens once, when a tool is built; a call only validates and runs.
@@ -60,7 +60,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 TRUNCATION_MARKER: Final = "…[truncated]"
-"""Appended to a tool output cut at the per-tool output limit [AP-24]."""
+"""Appended to a tool output cut at the per-tool output limit."""
 
 MAX_PROGRESS_MESSAGE: Final = 500
 """Characters of a progress message that are kept (the rest is cut with the marker)."""
@@ -76,7 +76,7 @@ _NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class ToolEffect(StrEnum):
-    """How much a tool can change the world, ordered least to most impact [AP-17].
+    """How much a tool can change the world, ordered least to most impact.
 
     ``<``, ``<=``, ``>``, ``>=`` compare by impact (``READ_ONLY < INTERNAL < WRITE < EXTERNAL``),
     also against the plain string values; a string that names no effect raises ``ValueError``.
@@ -164,7 +164,7 @@ class ToolReturn:
     """A tool's value plus instructions for the loop.
 
     ``terminate=True`` asks the loop to end the run after this round; it does so only when every
-    result of the round asks for it [OP-08].
+    result of the round asks for it.
     """
 
     value: Any
@@ -180,7 +180,7 @@ class Tool(Protocol):
 
     The five data members may be plain attributes or read-only properties. :meth:`validate` is
     called before :meth:`execute`; arguments it rejects never reach the tool and the model gets
-    an error payload instead [OP-04]. :meth:`execute` returns anything :func:`canonical_json`
+    an error payload instead. :meth:`execute` returns anything :func:`canonical_json`
     can encode, or a :class:`ToolReturn`, and raises (an :class:`AgentError` of kind ``tool``,
     or any exception) to report a failure; the model then sees the error's message.
     """
@@ -263,7 +263,7 @@ def truncate_chars(text: str, limit: int) -> str:
 
 
 def error_payload(message: str) -> str:
-    """The tool-result text for a failed call: ``{"error":"<message>"}`` [AP-23]."""
+    """The tool-result text for a failed call: ``{"error":"<message>"}``."""
     return canonical_json({"error": message})
 
 

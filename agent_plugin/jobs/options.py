@@ -20,7 +20,7 @@ class JobOptions:
       each other's jobs.
     * ``job_timeout``: seconds one delivery of a job may take, waiting for its session
       included; ``None``: ``max_run_secs + 60`` when that is set, else 1800.
-    * ``max_attempts``: attempts of a run that fails with a retryable error [AP-47].
+    * ``max_attempts``: attempts of a run that fails with a retryable error.
     * ``retry_backoff``: seconds before the first retry; doubled for each later one (with
       jitter), never less than the provider's ``Retry-After``, at most ``max_backoff``.
     * ``max_deliveries``: how many times a run may be started (its retries and restarts after

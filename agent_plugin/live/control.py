@@ -58,7 +58,7 @@ class RunControlChannel:
         await pipe.execute()
 
     async def send_steering(self, text: str) -> None:
-        """Queue a user message that joins the run before its next model call [OP-11]."""
+        """Queue a user message that joins the run before its next model call."""
         pipe = self.redis.pipeline(transaction=True)
         pipe.rpush(self.steer_key, text)
         pipe.expire(self.steer_key, self.ttl)

@@ -46,7 +46,7 @@ def stream_key(run_id: str, prefix: str = DEFAULT_PREFIX) -> str:
 
 
 def public_payload(event: AgentEvent) -> dict[str, JsonValue]:
-    """The JSON of ``event`` as it may leave the process [OP-35].
+    """The JSON of ``event`` as it may leave the process.
 
     Secret-named fields and credential-looking strings become ``[REDACTED]`` everywhere, tool
     results and assistant text included; JSON inside a string (a tool result) is redacted by

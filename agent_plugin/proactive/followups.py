@@ -76,7 +76,7 @@ def _whole_number(value: object) -> int | None:
 
 
 class FollowupTool:
-    """The ``schedule_followup`` tool: the agent books its own next wake-up [AP-46].
+    """The ``schedule_followup`` tool: the agent books its own next wake-up.
 
     Input ``{delay_minutes: integer 1..max, prompt: string}``, both required, where max is
     ``max_delay`` in whole minutes (the schema's ``maximum``). Checked in this order, each

@@ -68,7 +68,7 @@ async def _resolve(value: Any) -> Any:
 
 @dataclass(frozen=True, slots=True, repr=False)
 class Heartbeat:
-    """A periodic check-in for an always-on agent [AP-44, AP-45].
+    """A periodic check-in for an always-on agent.
 
     ::
 
@@ -287,7 +287,7 @@ async def heartbeat_tick(
     *,
     is_busy: IsBusy | None = None,
 ) -> TickResult:
-    """Run one tick of ``heartbeat`` [AP-45].
+    """Run one tick of ``heartbeat``.
 
     1. ``is_busy(heartbeat.session)`` (sync or async) answers True → skipped, nothing else
        is asked: a tick never queues behind a run in its own session.

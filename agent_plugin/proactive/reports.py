@@ -40,7 +40,7 @@ def is_silent(text: str) -> bool:
 
     The text, trimmed, starts with :data:`HEARTBEAT_OK` (else ends with it) and what remains,
     trimmed, has at most :data:`SILENT_ACK_MAX_CHARS` characters. Case-sensitive:
-    ``"heartbeat_ok"`` is not silent [AP-42].
+    ``"heartbeat_ok"`` is not silent.
     """
     text = text.strip()
     if text.startswith(HEARTBEAT_OK):
@@ -120,7 +120,7 @@ def report_text(outcome: AgentOutcome | OutcomeSummary) -> str | None:
       per call that waits, with secrets in the arguments redacted;
     * anything else (budget, loop, cancelled, paused by a hook): None; those are only logged.
 
-    It applies to every background delivery, not only heartbeats [AP-43].
+    It applies to every background delivery, not only heartbeats.
     """
     summary = outcome if isinstance(outcome, OutcomeSummary) else OutcomeSummary.of(outcome)
     if summary.status == "completed":

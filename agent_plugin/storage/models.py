@@ -5,7 +5,7 @@ in one database. Columns are portable between SQLite and PostgreSQL: JSON is ``J
 on PostgreSQL) and timestamps are timezone-aware UTC on both (SQLite stores them naive; they come
 back as UTC).
 
-No secret is ever written [OP-35]: every JSON column is a :class:`SecretFreeJson`, which passes
+No secret is ever written: every JSON column is a :class:`SecretFreeJson`, which passes
 what is written through :func:`~agent_plugin.redaction.redact_deep`. A password a model put in a
 tool call's arguments, or an API key a tool returned, is stored (and so read back, by the next
 turn of a session or by a resumed run) as ``[REDACTED]``; a tool that needs a secret takes it
