@@ -1,26 +1,14 @@
 """The ``[agent]`` configuration: :class:`AgentSettings`, loaded in layers, validated fail-closed.
 
-Layers, weakest first:
+Layers, weakest first: the defaults; ``agent.toml`` (``AGENT_CONFIG_FILE``); the profile
+overlay ``agent.<AGENT_PROFILE>.toml``; ``AGENT_*`` variables (a secrets directory, a ``.env``
+file, the process environment); code overrides given to :meth:`AgentSettings.load`. Each layer
+is validated on its own, so every ``config`` error names where the bad value came from and what
+would be accepted.
 
-1. the defaults below;
-2. the ``[agent]`` table of ``agent.toml`` (the path comes from ``AGENT_CONFIG_FILE``; a missing
-   default file means defaults, a missing file that was named explicitly is an error);
-3. the profile overlay ``agent.<AGENT_PROFILE>.toml`` beside it (named after the config file's
-   stem, so ``conf.toml`` gets ``conf.<profile>.toml``); it must exist when a profile is set;
-4. ``AGENT_*`` variables: a secrets directory (``AGENT_SECRETS_DIR``; one file per variable,
-   named after it), then a ``.env`` file (``AGENT_ENV_FILE``, default ``./.env`` when present),
-   then the process environment; a variable set to the empty string counts as unset;
-5. code overrides given to :meth:`AgentSettings.load`: every key given wins, even when its value
-   equals the default.
-
-Each layer is validated on its own, so every error names where the bad value came from (the file
-and key, the environment variable, or the code override) and what would be accepted. Every failure
-is an :class:`~agent_plugin.errors.AgentError` of kind ``config``.
-
-Secrets fail closed: the API key is read from ``AGENT_API_KEY`` only, and ``api_key`` in a TOML
-file is an error. A Redis, database or base URL that carries a password is accepted from the
-variables (process environment, ``.env``, secrets directory) or code only, never from a TOML file,
-and ``repr``/``str`` of the settings hide URL passwords.
+Secrets fail closed: the API key is ``AGENT_API_KEY`` only, and a URL with a password is
+accepted from the variables or code, never from a TOML file; ``repr`` hides URL passwords.
+``docs/guide/configuration.md`` has every layer and key.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
-"""Bounded memory the agent curates itself.
+"""Bounded memory the agent curates itself: labelled :class:`MemoryBlock` s (``memory``,
+``user``), each with a character limit that makes the agent consolidate instead of hoarding.
 
-Memory lives in labelled :class:`MemoryBlock` s, each with a character limit: ``memory`` for what
-the agent learned, ``user`` for who it works for. The limit makes the agent consolidate instead
-of hoarding: an edit that would overflow a block fails with a message asking the model to remove
-or merge entries first.
-
-Two rules keep memory cheap and safe:
-
-* **Frozen snapshot.** The agent renders the blocks into its system prompt once, when a run is
-  prepared (:func:`render_snapshot`). Edits made during the run are stored at once but show up in
-  the prompt only from the next run, so the prompt prefix stays stable and provider prompt caches
-  keep hitting.
-* **At most once per call.** Every edit the :class:`MemoryTool` makes carries an edit key built
-  from ``(run id, step, call id)``; a store applies a given key once per scope, so a retried job
-  that replays a call does not add the same entry twice.
-
-A :class:`MemoryStore` keeps blocks per *scope* (a string: ``"agent"`` for one shared memory,
-or one scope per user or tenant). :class:`InMemoryMemoryStore` serves tests and single-process
-apps; the SQLAlchemy store in :mod:`agent_plugin.storage` implements the same protocol. The edit
-rules live in the pure functions :func:`apply_op` and :func:`edit_blocks`, so every store applies
-them the same way.
+The blocks are rendered into the system prompt once per run (:func:`render_snapshot`), so the
+prompt prefix stays stable; every edit of the :class:`MemoryTool` carries an edit key, applied
+once per scope, so a retried job never adds an entry twice. A :class:`MemoryStore` keeps blocks
+per scope (``"agent"``, or one per user or tenant): :class:`InMemoryMemoryStore` here, the SQL
+store in :mod:`agent_plugin.storage`; both apply the edit rules of :func:`apply_op` and
+:func:`edit_blocks`. ``docs/guide/conversations.md`` has the whole story.
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
 """Secret redaction for everything that leaves the process: events, errors, logs and what is
-stored.
+stored. Every function replaces what it finds with :data:`REDACTED` and never raises.
 
-Every tool below replaces what it finds with one marker, :data:`REDACTED`, and never raises:
+:func:`redact_text` (known values and credential-looking substrings), :func:`redact` (a JSON
+value for in-process events), :func:`redact_deep` (the stricter cleaning of what is published
+or stored: JSON held in strings, ``password: ...`` assignments) and :func:`scrub` (one given
+secret, in an error message). :class:`RedactingFilter` (:func:`redact_logs`) cleans log records.
 
-- :func:`redact_text` replaces known secret values and credential-looking substrings (``sk-...``
-  keys, GitHub tokens, JWTs, credentialed URLs, ``Bearer ...``) in a text.
-- :func:`redact` cleans a JSON value for in-process events: the values of secret-named fields
-  and, in every string, what :func:`redact_text` replaces.
-- :func:`redact_deep` is the stricter cleaning of what is published or stored: on top of
-  :func:`redact` it looks into JSON held in strings and drops the values of ``password: ...`` /
-  ``api_key=...`` assignments in text.
-- :func:`scrub` removes one given secret (and the known ones) from a text, such as an error
-  message built from what a server echoed back.
-- :class:`RedactingFilter` (installed with :func:`redact_logs`) applies :func:`redact_deep`'s
-  text rules to log records.
-
-**Known secrets.** A secret of no familiar shape is redacted by value once it is registered with
-:func:`register_secret` (or for a block of code with :func:`registered_secrets`); every tool
-above honours it, also JSON-escaped or URL-encoded. A configured secret is a fact about the
-process, as a logging filter is, and redaction runs deep inside the core (events, stores, logs),
-so the registry is process-wide: registrations are counted (two apps may register one key; it
-stays known until both call :func:`unregister_secret`), thread-safe, and values shorter than
-:data:`MIN_SECRET_LENGTH` are refused, so that a short value cannot redact common words.
-
-Values nest at most :data:`MAX_DEPTH` levels (JSON held in strings counts on): a deeper container
-becomes the marker, and a string holding JSON nested deeper is cleaned as text.
-What the provider sees is never altered: redaction applies to copies that leave the run.
+A secret of no familiar shape is redacted by value once registered (:func:`register_secret`,
+:func:`registered_secrets`): process-wide, counted, thread-safe, at least
+:data:`MIN_SECRET_LENGTH` characters. Values nest at most :data:`MAX_DEPTH` levels. What the
+provider sees is never altered. ``docs/guide/secrets.md`` tells the whole story.
 """
 
 from __future__ import annotations
