@@ -451,8 +451,9 @@ async def test_the_sweeper_leaves_other_jobs_and_renewed_claims_alone(
     assert queue is not None
     redis = await queue.redis()
     other = "someone-elses-job"  # not an agent job: its long claim is its worker's business
-    await redis.enqueue_job("send_newsletter", _job_id=other, _queue_name=env.queue)
+    # claimed first, so the module's worker never takes it between the two
     await redis_client.psetex(f"arq:in-progress:{other}", 600_000, b"1")
+    await redis.enqueue_job("send_newsletter", _job_id=other, _queue_name=env.queue)
     try:
         assert await Upkeep(redis, queue.store, queue.options).release_abandoned_claims() == []
         assert await redis_client.pttl(f"arq:in-progress:{other}") > 500_000
