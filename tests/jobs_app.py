@@ -72,6 +72,7 @@ from agent_plugin.storage.models import RunRow
 from agent_plugin.tools import ToolContext, ToolEffect, tool
 from agent_plugin.toolsets import Toolset
 from agent_plugin.web import AgentPlugin, AppAgent
+from tests.services import REDIS_URL
 
 LOG_ENV: Final = "JOBS_TEST_LOG"
 
@@ -441,7 +442,6 @@ def __getattr__(name: str) -> Any:
 # --- the test side: environment, worker processes, clean-up --------------------------------
 
 ROOT: Final = Path(__file__).resolve().parent.parent
-REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 
 
 @dataclass

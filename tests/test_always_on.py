@@ -14,7 +14,6 @@ import itertools
 import json
 import logging
 import math
-import random
 import re
 import subprocess
 import sys
@@ -80,6 +79,7 @@ from tests.jobs_app import (
     make_app,
     make_plugin,
 )
+from tests.services import redis_db
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -805,8 +805,7 @@ async def test_a_followup_without_a_job_runtime_is_a_tool_error() -> None:
 def heartbeat_env(directory: Path, **knobs: str) -> JobsEnv:
     """An environment on a Redis database of its own: arq names a fleet tick's job
     ``agent_heartbeat:<time>`` per Redis database, not per queue."""
-    database = random.randint(1, 15)
-    return jobs_env(directory, redis_url=f"redis://127.0.0.1:6379/{database}", **knobs)
+    return jobs_env(directory, redis_url=redis_db(), **knobs)
 
 
 def start_workers(*workers: WorkerProcess) -> None:

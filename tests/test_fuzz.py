@@ -25,8 +25,9 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 
 from tests.jobs_app import ROOT
+from tests.services import FUZZ_DB, redis_db
 
-REDIS_DB_URL = "redis://127.0.0.1:6379/13"
+REDIS_DB_URL = redis_db(FUZZ_DB)
 """A Redis database of the fuzz test's own (the others use database 0)."""
 EXAMPLES = 60
 

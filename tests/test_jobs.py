@@ -13,7 +13,7 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,11 +57,10 @@ from agent_plugin.web.health import AgentHealth
 from tests.jobs_app import (
     JobsEnv,
     Line,
-    jobs_env,
     make_app,
     make_plugin,
-    worker_serving,
 )
+from tests.services import APP_QUEUE_DB, redis_db
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,10 +69,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobsEnv]:
+def env(served_env: JobsEnv) -> JobsEnv:
     """The module's database, queue and log, and one worker process serving them."""
-    with worker_serving(jobs_env(tmp_path_factory.mktemp("jobs"))) as environment:
-        yield environment
+    return served_env
 
 
 @dataclass
@@ -883,7 +881,7 @@ async def test_a_delivery_that_cannot_reach_the_database_is_tried_again_later(
 async def test_the_agent_worker_leaves_an_apps_own_arq_jobs_alone(tmp_path: Path) -> None:
     """The agent's queue is its own: a job the app put on arq's default queue is never taken
     by an agent worker (and the agent's runs are not on the app's queue)."""
-    redis_url = "redis://127.0.0.1:6379/9"
+    redis_url = redis_db(APP_QUEUE_DB)
     plugin = AgentPlugin(
         model=ScriptedModel(["done"]),
         session_store=InMemorySessionStore(),

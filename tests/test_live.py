@@ -67,8 +67,8 @@ from agent_plugin.steering import Steering
 from agent_plugin.tools import FnTool
 from agent_plugin.web.console import CONSOLE_HEADERS, CONSOLE_SCRIPT, console_page
 from agent_plugin.web.sse import sse_response
+from tests.services import REDIS_URL
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 CANARY_KEY = "sk-ant-" + "Q7f2Lm9XcV4bN8pR3tY6wZ1kA9b3C7"
 CANARY_PASSWORD = "Canary-Pw-7f3e91d2"
 
@@ -742,8 +742,8 @@ WORKER = textwrap.dedent(
     from agent_plugin.steering import Steering
     from agent_plugin.tools import FnTool
 
-    async def main(run_id: str, prefix: str) -> None:
-        redis = aioredis.Redis.from_url("redis://127.0.0.1:6379/0")
+    async def main(run_id: str, prefix: str, url: str) -> None:
+        redis = aioredis.Redis.from_url(url)
 
         async def slow(args):
             await asyncio.sleep(3600)
@@ -765,7 +765,7 @@ WORKER = textwrap.dedent(
         print(json.dumps({"outcome": turn.outcome.model_dump(mode="json"), "results": results}))
         await redis.aclose()
 
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
     """
 )
 
@@ -779,6 +779,7 @@ async def test_a_run_in_another_process_is_cancelled_mid_tool(
         WORKER,
         "far",
         prefix,
+        REDIS_URL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -29,16 +29,15 @@ from agent_plugin.jobs import queue as queue_module
 from agent_plugin.records import RunRecord
 from agent_plugin.redaction import registered_secrets
 from agent_plugin.web import AppAgent
-from tests.jobs_app import JobsEnv, jobs_env, make_app, make_plugin, worker_serving
+from tests.jobs_app import JobsEnv, make_app, make_plugin
 
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobsEnv]:
+def env(served_env: JobsEnv) -> JobsEnv:
     """The module's database, queue and log, and one worker process serving them."""
-    with worker_serving(jobs_env(tmp_path_factory.mktemp("live"))) as environment:
-        yield environment
+    return served_env
 
 
 @asynccontextmanager

@@ -13,7 +13,6 @@ PostgreSQL tests run in a fresh schema per module (``AGENT_TEST_POSTGRES_URL``, 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -42,11 +41,9 @@ from agent_plugin.sessions import SessionStore
 from agent_plugin.storage import Database, SqlMemoryStore, SqlSessionStore
 from agent_plugin.storage import database as storage_database
 from agent_plugin.storage.models import MemoryBlockRow, SessionEntryRow, SessionRow
+from tests.services import POSTGRES_URL
 from tests.store_conformance import SessionStoreContract, new_session_id, numbered, report
 
-POSTGRES_URL = os.environ.get(
-    "AGENT_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
-)
 BACKENDS = ("sqlite", "postgresql")
 
 
