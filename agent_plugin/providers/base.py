@@ -24,6 +24,7 @@ __all__ = [
     "ChatRequest",
     "ChatResponse",
     "LlmClient",
+    "ResponseFormat",
     "StreamDone",
     "StreamEvent",
     "TextDelta",
@@ -34,6 +35,22 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """Ask for a reply whose text is JSON matching ``schema`` (native structured output).
+
+    ``name`` names the schema (OpenAI's ``json_schema.name``; on Anthropic, the tool the reply
+    is forced through); ``strict`` asks the server to enforce the schema where the endpoint
+    takes strict schemas (it is true only for a schema strict mode accepts as it is). The loop
+    validates the reply whatever the server did.
+    """
+
+    name: str
+    schema: Mapping[str, Any]
+    description: str | None = None
+    strict: bool = False
+
+
 @dataclass(slots=True)
 class ChatRequest:
     """One model call. Hooks may edit it before it is sent.
@@ -42,7 +59,8 @@ class ChatRequest:
     cap, temperature, tool choice (``"auto"``, ``"none"``, ``"required"`` or a tool's name),
     whether tool calls may come several at once (``parallel_tool_calls``, None: the server's
     default) and whether tool schemas are to be enforced by the server (``strict_tools``, where
-    it can), stop sequences, the model, prompt caching, and provider-specific body fields.
+    it can), the reply's format (``response_format``: JSON of a schema, for typed results in
+    native mode), stop sequences, the model, prompt caching, and provider-specific body fields.
     ``extra_body`` is merged into the wire body last (see :func:`merge_extra_body`): its values
     win, and a ``None`` value removes the key. ``deadline`` (event-loop time) and ``on_retry``
     bound and report the client's retries.
@@ -55,6 +73,7 @@ class ChatRequest:
     tool_choice: str | None = None
     parallel_tool_calls: bool | None = None
     strict_tools: bool = False
+    response_format: ResponseFormat | None = None
     stop: list[str] = field(default_factory=list)
     model: str | None = None
     prompt_caching: bool | None = None
