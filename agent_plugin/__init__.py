@@ -3,7 +3,8 @@
 The names a user imports live here; wire clients are in :mod:`agent_plugin.providers`. The
 FastAPI, arq and settings names (``AgentPlugin``, ``AgentHandle``, ``RunHandle``,
 ``JobOptions``, ...) load on first use, so the agent core imports without FastAPI,
-pydantic-settings, arq or a database driver.
+pydantic-settings, arq or a database driver; so do the typed-output names (``Output``,
+``ModelRetry``, ``OutputContext``).
 """
 
 from importlib import import_module
@@ -35,6 +36,7 @@ from agent_plugin.outcomes import (
     Cancelled,
     Completed,
     LoopDetected,
+    OutputInvalid,
     Paused,
     RunInfo,
     RunState,
@@ -48,6 +50,7 @@ from agent_plugin.tools import FnTool, Tool, ToolContext, ToolEffect, ToolRegist
 if TYPE_CHECKING:
     from agent_plugin.config import AgentSettings
     from agent_plugin.jobs import JobOptions, RunHandle
+    from agent_plugin.output import ModelRetry, Output, OutputContext, OutputMode
     from agent_plugin.records import RunRecord, RunStatus
     from agent_plugin.runtime import AgentRuntime
     from agent_plugin.web import AgentHandle, AgentPlugin, AppAgent
@@ -61,6 +64,10 @@ _LAZY = {
     "AgentSettings": "agent_plugin.config",
     "AppAgent": "agent_plugin.web",
     "JobOptions": "agent_plugin.jobs",
+    "ModelRetry": "agent_plugin.output",
+    "Output": "agent_plugin.output",
+    "OutputContext": "agent_plugin.output",
+    "OutputMode": "agent_plugin.output",
     "RunHandle": "agent_plugin.jobs",
     "RunRecord": "agent_plugin.records",
     "RunStatus": "agent_plugin.records",
@@ -109,8 +116,13 @@ __all__ = [
     "LlmClient",
     "LoopDetected",
     "LoopGuard",
+    "ModelRetry",
     "Modify",
     "OutcomeSummary",
+    "Output",
+    "OutputContext",
+    "OutputInvalid",
+    "OutputMode",
     "PauseRun",
     "Paused",
     "RetryPolicy",

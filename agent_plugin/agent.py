@@ -10,6 +10,9 @@ One iteration of a run::
 
 Budgets, truncation, the loop guard and the policy are small objects this module calls; the
 per-run state lives in :class:`_Run`, so one :class:`Agent` serves any number of concurrent runs.
+A typed output (:mod:`agent_plugin.output`) adds its final-result tools, response format or
+instructions to each request, and judges each final answer: accepted (the run completes),
+sent back to be fixed (a step, counted), or out of retries (``output_invalid``).
 
 Memory, skills, step journals and sessions load with the first agent or run that uses them, not
 with the core: ``import agent_plugin`` does not pay for features an app may never turn on.
@@ -18,15 +21,15 @@ with the core: ``import agent_plugin`` does not pay for features an app may neve
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, Generic
 
 from pydantic import JsonValue
+from typing_extensions import TypeVar
 
 from agent_plugin.budget import Budget, estimate_message, truncate_history
 from agent_plugin.cancellation import RunCancelled, until_cancelled
@@ -36,6 +39,7 @@ from agent_plugin.events import (
     ApprovalRequired,
     ModelRequestStarted,
     ModelResponded,
+    OutputDelta,
     RetryScheduled,
     RunEnded,
     RunStarted,
@@ -45,7 +49,10 @@ from agent_plugin.events import (
     ToolCallDeltaEvent,
     TurnEnded,
     TurnStarted,
+    events_of,
     pending_approvals,
+    public_message,
+    tee,
 )
 from agent_plugin.hooks import (
     AgentHooks,
@@ -65,17 +72,17 @@ from agent_plugin.messages import (
     TokenUsage,
     ToolCall,
     ToolCallPart,
+    ToolDefinition,
     ToolResult,
     repair_transcript,
     text_of,
     tool_calls_of,
 )
-from agent_plugin.options import EventSink, RunOptions
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
     AgentTurn,
     Allowed,
-    Approval,
     ApprovalDecision,
     AwaitingApproval,
     BudgetExhausted,
@@ -83,14 +90,12 @@ from agent_plugin.outcomes import (
     Cancelled,
     Completed,
     Denied,
-    Edit,
     Finished,
     LoopDetected,
     NeedsApproval,
+    OutputInvalid,
     Paused,
     PendingCall,
-    Reject,
-    Rejected,
     RunInfo,
     RunState,
 )
@@ -102,10 +107,10 @@ from agent_plugin.providers.base import (
     StreamDone,
     TextDelta,
     ThinkingDelta,
+    ToolCallArgumentsDelta,
     ToolCallStarted,
 )
 from agent_plugin.providers.retry import RetryNotice
-from agent_plugin.redaction import redact
 from agent_plugin.rounds import ToolRound
 from agent_plugin.tools import (
     Tool,
@@ -116,9 +121,22 @@ from agent_plugin.tools import (
 if TYPE_CHECKING:  # these load on first use, not with the core
     from agent_plugin.compaction import Compaction
     from agent_plugin.memory import MemoryStore
+    from agent_plugin.output import (
+        Invalid,
+        Output,
+        OutputContext,
+        OutputMode,
+        OutputRun,
+        OutputType,
+        OutputValidator,
+        Valid,
+    )
     from agent_plugin.skills import Skill
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "AgentOutputT"]
+
+AgentOutputT = TypeVar("AgentOutputT", default=str)
+"""The type of an agent's output: ``str`` unless ``output_type`` says otherwise."""
 
 _NO_OPTIONS: Final = RunOptions()
 _NOT_RUN: Final = error_payload("the run was cancelled before this call ran")
@@ -128,13 +146,22 @@ class _DeadlinePassed(Exception):
     pass
 
 
-class Agent:
+class Agent(Generic[AgentOutputT]):
     """A configured agent. Reusable and safe to share: every run keeps its own state.
 
     ``max_steps`` counts tool rounds (the final answer is free); ``max_tokens`` bounds the
     provider-reported usage of the run; ``max_duration`` is a wall-clock limit per run and per
     resume. Budget exhaustion, loops, approval pauses and cancellation are outcomes; provider
     failures and bad resume decisions raise :class:`AgentError`.
+
+    ``output_type`` makes the run produce a validated value instead of text: an
+    ``Agent(model, output_type=Ticket)`` is an ``Agent[Ticket]`` whose completed outcome holds
+    a ``Ticket`` (an :class:`~agent_plugin.output.Output` says the mode, retries and
+    validators in one value). ``output_mode`` is ``"tool"`` (the default: a final-result
+    tool), ``"native"`` (the server's JSON-schema response format) or ``"prompted"`` (the
+    schema in the system prompt); a reply that does not validate, or that one of
+    ``output_validators`` rejects, goes back to the model at most ``output_retries`` times
+    (default 2), and each such retry is a step. Then the run ends ``output_invalid``.
     """
 
     def __init__(
@@ -156,6 +183,10 @@ class Agent:
         memory_scope: str = DEFAULT_SCOPE,
         skills: Sequence[Skill] = (),
         compaction: Compaction | None = None,
+        output_type: OutputType[AgentOutputT] | Output[AgentOutputT] | None = None,
+        output_mode: OutputMode | None = None,
+        output_retries: int | None = None,
+        output_validators: Iterable[OutputValidator[AgentOutputT]] = (),
     ) -> None:
         if per_tool_output_limit < 1:
             raise AgentError.config(
@@ -180,6 +211,21 @@ class Agent:
 
             built_in.append(MemoryTool(memory, memory_scope))
         self.tools = ToolRegistry([*tools, *built_in])
+        self.output: Output[AgentOutputT] | None = None
+        if output_type is not None or output_mode or output_retries is not None:
+            from agent_plugin.output import Output
+
+            self.output = Output.of(output_type, output_mode, output_retries, output_validators)
+        elif output_validators:
+            from agent_plugin.output import Output
+
+            self.output = Output.of(str, None, None, output_validators)  # type: ignore[arg-type]
+        """What a run must produce (``None``: plain text, no validators)."""
+        reserved = self.output.tool_names() if self.output is not None else frozenset()
+        for name in sorted(reserved & set(self.tools.names())):
+            raise AgentError.config(f"a tool named {name!r} would hide the final-result tool")
+        self._definitions: tuple[tuple[ToolDefinition, ...], tuple[ToolDefinition, ...]] | None
+        self._definitions = None
         self.system_prompt = system_prompt
         self.budget = Budget(max_steps=max_steps, max_tokens=max_tokens)
         self.per_tool_output_limit = per_tool_output_limit
@@ -192,10 +238,32 @@ class Agent:
         self.parallel_tool_calls = parallel_tool_calls
 
     def __repr__(self) -> str:
+        output = f", output={self.output.label}" if self.output is not None else ""
         return (
             f"Agent(model={self.model.provider_name!r}, tools={self.tools.names()!r}, "
-            f"max_steps={self.budget.max_steps}, max_tokens={self.budget.max_tokens})"
+            f"max_steps={self.budget.max_steps}, max_tokens={self.budget.max_tokens}{output})"
         )
+
+    def definitions(self) -> tuple[ToolDefinition, ...]:
+        """What the model is offered: the tools' definitions, then the final-result tools.
+
+        The same tuple from call to call until the tools change (the prompt's tool block stays
+        cacheable)."""
+        tools = self.tools.definitions()
+        extra = self.output.tool_definitions if self.output is not None else ()
+        if not extra:
+            return tools
+        cached = self._definitions
+        if cached is not None and cached[0] is tools:
+            return cached[1]
+        combined = (*tools, *extra)
+        self._definitions = (tools, combined)
+        return combined
+
+    @property
+    def output_label(self) -> str | None:
+        """The label of the typed output runs produce (``Ticket``), ``None`` for plain text."""
+        return self.output.label if self.output is not None and self.output.typed else None
 
     # --- entry points ----------------------------------------------------------------------
 
@@ -207,7 +275,7 @@ class Agent:
         options: RunOptions | None = None,
         session_id: str | None = None,
         session_version: int | None = None,
-    ) -> AgentTurn:
+    ) -> AgentTurn[AgentOutputT]:
         """Run a task, after ``history`` if given, and return the outcome with the transcript.
 
         System messages in ``history`` are dropped (the agent supplies its own), and a
@@ -241,16 +309,23 @@ class Agent:
         decisions: Iterable[ApprovalDecision] = (),
         *,
         options: RunOptions | None = None,
-    ) -> AgentTurn:
+    ) -> AgentTurn[AgentOutputT]:
         """Continue a run that paused for approval (or was paused by a hook), or a run
         recovered from its journal (:func:`agent_plugin.journal.recover`).
 
         Each decision must name a call that awaits approval; a call without a decision is
         rejected with ``no decision was given``. Calls the policy allowed or denied keep that
         verdict: the policy is not asked again. The deadline starts afresh. The run keeps the
-        state's id (``options.run_id`` is not used).
+        state's id (``options.run_id`` is not used). The agent must produce the output type
+        the run was started with (a ``config`` error otherwise).
         """
-        pending = _apply_decisions(state, list(decisions))
+        if state.output != self.output_label:
+            raise AgentError.config(
+                f"run {state.run_id!r} must produce {state.output or 'plain text'}, and this "
+                f"agent produces {self.output_label or 'plain text'}: resume it with an agent "
+                "of the same output type"
+            )
+        pending = state.decided(decisions)
         run = _Run(
             self,
             options or _NO_OPTIONS,
@@ -263,6 +338,7 @@ class Agent:
             usage=state.usage,
             steps_used=state.steps_used,
             tracker=self.loop_guard.tracker(state.recent_calls),
+            output_retries=state.output_retries,
         )
         return await run.execute(run.continue_from(pending), resumed=True)
 
@@ -276,15 +352,16 @@ class Agent:
         """Run a task and yield its events as they happen; the last one is ``run_end``.
 
         The model is called through ``LlmClient.stream``, so text arrives as ``text_delta``
-        events (``options.stream`` is implied; an ``options.on_event`` sink gets every event
-        too). Leaving the iteration early cancels the run.
+        events and a typed output as ``output_delta`` events (``options.stream`` is implied;
+        an ``options.on_event`` sink gets every event too). Leaving the iteration early
+        cancels the run.
         """
         opts = options or _NO_OPTIONS
-        return _events_of(
+        return events_of(
             lambda sink: self.run(
                 prompt,
                 history=history,
-                options=replace(opts, on_event=_tee(sink, opts.on_event), stream=True),
+                options=replace(opts, on_event=tee(sink, opts.on_event), stream=True),
             )
         )
 
@@ -293,9 +370,10 @@ class Agent:
     async def system_message(self) -> ChatMessage | None:
         """The system prompt of a run, rebuilt for every run and every resume.
 
-        Sections, in order: the base prompt, the skills index, and the memory snapshot as of
-        now. The snapshot stays frozen for the whole run: edits made through the ``memory`` tool
-        persist at once but reach the prompt from the next run (the prefix stays cacheable).
+        Sections, in order: the base prompt, the skills index, the memory snapshot as of now,
+        and a prompted-mode output's schema. The snapshot stays frozen for the whole run: edits
+        made through the ``memory`` tool persist at once but reach the prompt from the next run
+        (the prefix stays cacheable).
         """
         sections = [self.system_prompt] if self.system_prompt else []
         if self.skills:
@@ -306,69 +384,9 @@ class Agent:
             from agent_plugin.memory import render_snapshot
 
             sections.append(render_snapshot(await self.memory.load(self.memory_scope)))
+        if self.output is not None and self.output.instructions is not None:
+            sections.append(self.output.instructions)
         return ChatMessage.system("\n\n".join(sections)) if sections else None
-
-
-def _apply_decisions(state: RunState, decisions: list[ApprovalDecision]) -> list[PendingCall]:
-    awaiting = {p.call.id for p in state.awaiting()}
-    for decision in decisions:
-        if decision.call_id not in awaiting:
-            raise AgentError.config(
-                f"call {decision.call_id!r} is not awaiting approval in run {state.run_id!r}"
-            )
-    first: dict[str, Approval] = {}
-    for decision in decisions:
-        first.setdefault(decision.call_id, decision.approval)
-    resolved: list[PendingCall] = []
-    for pending in state.pending:
-        if not isinstance(pending.status, NeedsApproval):
-            resolved.append(pending)
-            continue
-        approval = first.get(pending.call.id)
-        if approval is None:
-            resolved.append(
-                pending.model_copy(update={"status": Rejected(reason="no decision was given")})
-            )
-        elif isinstance(approval, Reject):
-            resolved.append(pending.model_copy(update={"status": Rejected(reason=approval.reason)}))
-        elif isinstance(approval, Edit):
-            call = pending.call.model_copy(
-                update={"arguments": approval.arguments, "raw_arguments": None}
-            )
-            resolved.append(PendingCall(call=call, status=Allowed()))
-        else:
-            resolved.append(pending.model_copy(update={"status": Allowed()}))
-    return resolved
-
-
-def _tee(first: EventSink, second: EventSink | None) -> EventSink:
-    if second is None:
-        return first
-
-    def both(event: AgentEvent) -> None:
-        first(event)
-        second(event)
-
-    return both
-
-
-async def _events_of(
-    start: Callable[[EventSink], Awaitable[AgentTurn]],
-) -> AsyncIterator[AgentEvent]:
-    queue: asyncio.Queue[AgentEvent] = asyncio.Queue()
-    task = asyncio.ensure_future(start(queue.put_nowait))
-    try:
-        while True:
-            event = await queue.get()
-            yield event
-            if isinstance(event, RunEnded):
-                break
-        await task
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, AgentError):
-                await task
 
 
 class _Run:
@@ -376,7 +394,7 @@ class _Run:
 
     def __init__(
         self,
-        agent: Agent,
+        agent: Agent[Any],
         options: RunOptions,
         *,
         run_id: str,
@@ -388,8 +406,14 @@ class _Run:
         history_length: int,
         session_version: int | None,
         pending: list[PendingCall] | None = None,
+        output_retries: int = 0,
     ) -> None:
         self.agent = agent
+        self.output: OutputRun | None = None
+        if agent.output is not None:
+            from agent_plugin.output import OutputRun
+
+            self.output = OutputRun(agent.output, output_retries)
         self.journal = options.journal
         self.steering = options.steering
         self.initial_pending = pending or []
@@ -484,7 +508,57 @@ class _Run:
             recent_calls=self.tracker.recent,
             history_length=self.history_length,
             session_version=self.session_version,
+            output=self.agent.output_label,
+            output_retries=self.output.retries_used if self.output is not None else 0,
         )
+
+    def output_context(self) -> OutputContext:
+        from agent_plugin.output import OutputContext
+
+        assert self.output is not None
+        return OutputContext(
+            run_id=self.run_id,
+            session_id=self.session_id,
+            steps_used=self.steps_used,
+            usage=self.usage,
+            retries=self.output.retries_used,
+            messages=tuple(self.messages),
+        )
+
+    def completed(self, text: str, verdict: Valid[Any] | None = None) -> Completed:
+        if verdict is None:
+            return Completed(text=text, steps_used=self.steps_used, usage=self.usage)
+        return Completed(
+            text=verdict.text, output=verdict.value, steps_used=self.steps_used, usage=self.usage
+        )
+
+    def invalid(self, verdict: Invalid) -> OutputInvalid:
+        retries = self.output.retries_used if self.output is not None else 0
+        return OutputInvalid(
+            message=verdict.problems,
+            retries=retries,
+            steps_used=self.steps_used,
+            usage=self.usage,
+        )
+
+    async def sent_back(self, verdict: Invalid) -> LoopDetected | None:
+        """Answer a rejected text reply with the problems (the loop guard sees the answer
+        like a call: the same answer rejected the same way is a loop)."""
+        assert self.output is not None
+        problems = verdict.problems
+        repeat = self.tracker.record("", self.messages[-1].text, problems)
+        if isinstance(repeat, Stop):
+            return LoopDetected(
+                tool="", repeats=repeat.repeats, steps_used=self.steps_used, usage=self.usage
+            )
+        repeats = repeat.repeats if isinstance(repeat, Warn) else None
+        message = self.output.retry_message(problems, repeats=repeats)
+        self.append(message)
+        if self.journal is not None:
+            from agent_plugin.journal import Appended
+
+            await self.journal.record(Appended(messages=[message]))
+        return None
 
     def exhausted(self, reason: BudgetReason) -> BudgetExhausted:
         return BudgetExhausted(reason=reason, steps_used=self.steps_used, usage=self.usage)
@@ -546,13 +620,35 @@ class _Run:
         elif last is not None and last.role is Role.ASSISTANT and last.tool_calls:
             outcome = await self.gate_and_run(last.tool_calls, reply_recorded=True)
         elif last is not None and last.role is Role.ASSISTANT:
-            # recovered after the final answer was recorded: the run is complete
-            return Completed(text=last.text, steps_used=self.steps_used, usage=self.usage)
+            # recovered after the final answer was recorded: judge it (again) and end
+            outcome = await self.conclude(await self.judge(last.text), last.text)
+        elif self.output is not None and (accepted := self.output.accepted(self.messages)):
+            return self.completed("", accepted)  # recovered after the final result's round
         else:
             outcome = None
         if outcome is not None:
             return outcome
         return await self.drive()
+
+    async def judge(self, text: str) -> Valid[Any] | Invalid | None:
+        """The output's verdict on a final answer in text (``None``: plain text, nothing to
+        judge); sending it back to be fixed is a step."""
+        if self.output is None:
+            return None
+        verdict = await self.output.check_text(text, self.output_context())
+        if not verdict.accepted and not verdict.final:
+            self.steps_used += 1
+        return verdict
+
+    async def conclude(
+        self, verdict: Valid[Any] | Invalid | None, text: str
+    ) -> AgentOutcome | None:
+        """How a final answer ends the run (``None``: sent back, the run goes on)."""
+        if verdict is None or verdict.accepted:
+            return self.completed(text, verdict)
+        if verdict.final:
+            return self.invalid(verdict)
+        return await self.sent_back(verdict)
 
     async def drive(self) -> AgentOutcome:
         agent = self.agent
@@ -580,7 +676,8 @@ class _Run:
                 self.emit(TurnStarted(run_id=self.run_id, step=step))
             request = ChatRequest(
                 messages=history,
-                tools=agent.tools.definitions(),
+                tools=agent.definitions(),
+                response_format=agent.output.response_format if agent.output else None,
                 max_tokens=output_cap,
                 temperature=agent.temperature,
                 deadline=self.deadline,
@@ -618,19 +715,24 @@ class _Run:
             if not calls:
                 self.append(message)
                 self.responded(step, message, response)
+                steered = self.steering is not None and self.steering.pending
+                text = text_of(content)
+                verdict = None if overshoot or steered else await self.judge(text)
                 await self.replied(step, message, [])
                 if overshoot:
                     return self.exhausted("tokens")
-                if self.steering is not None and self.steering.pending:
+                if steered:
                     continue  # a message arrived while the model answered: steering wins
-                return Completed(
-                    text=text_of(content), steps_used=self.steps_used, usage=self.usage
-                )
+                outcome = await self.conclude(verdict, text)
+                if outcome is not None:
+                    return outcome
+                continue
             if overshoot:
                 # tool calls without results would corrupt the transcript: not recorded
                 self.responded(step, message, response)
                 return self.exhausted("tokens")
-            self.steps_used += 1
+            if self.output is None or not self.output.only_final(calls):
+                self.steps_used += 1  # a tool round; a final answer alone is free, as in text
             self.append(message)
             self.responded(step, message, response)
             if isinstance(control, CancelRun):
@@ -638,7 +740,7 @@ class _Run:
                 return self.stop(control, [])
             if control is not None:
                 return self.stop(control, [])
-            outcome = await self.gate_and_run(calls)
+            outcome = await self.gate_and_run(calls, step=step)
             if self.emit is not None:
                 self.emit(TurnEnded(run_id=self.run_id, step=step))
             if outcome is not None:
@@ -660,7 +762,7 @@ class _Run:
                 ModelResponded(
                     run_id=self.run_id,
                     step=step,
-                    message=_public_message(message),
+                    message=public_message(message),
                     stop_reason=response.stop_reason,
                     usage=response.usage,
                 )
@@ -701,13 +803,21 @@ class _Run:
 
     async def consume_stream(self, request: ChatRequest) -> ChatResponse:
         emit = self.emit
+        output = self.agent.output
+        partial = None
+        if output is not None and output.typed:
+            from agent_plugin.output import OutputStream
+
+            partial = OutputStream(output)
         async for event in self.agent.model.stream(request):
             if isinstance(event, StreamDone):
                 return event.response
             if emit is None:
                 continue
+            grown = None
             if isinstance(event, TextDelta):
                 emit(TextDeltaEvent(run_id=self.run_id, text=event.text))
+                grown = partial.text_fragment(event.text) if partial is not None else None
             elif isinstance(event, ThinkingDelta):
                 emit(ThinkingDeltaEvent(run_id=self.run_id, text=event.text))
             elif isinstance(event, ToolCallStarted):
@@ -716,6 +826,12 @@ class _Run:
                         run_id=self.run_id, index=event.index, call_id=event.id, name=event.name
                     )
                 )
+                if partial is not None:
+                    partial.call_started(event.index, event.name)
+            elif isinstance(event, ToolCallArgumentsDelta) and partial is not None:
+                grown = partial.call_fragment(event.index, event.fragment)
+            if isinstance(grown, tuple):
+                emit(OutputDelta(run_id=self.run_id, choice=grown[0], partial=grown[1]))
         raise AgentError.decode(
             f"the {self.agent.model.provider_name} stream ended without a final response"
         )
@@ -723,17 +839,18 @@ class _Run:
     # --- tool rounds ---------------------------------------------------------------------
 
     async def gate_and_run(
-        self, calls: list[ToolCall], *, reply_recorded: bool = False
+        self, calls: list[ToolCall], *, step: int | None = None, reply_recorded: bool = False
     ) -> AgentOutcome | None:
         """Ask the policy about each call; pause for approval, or run the round.
 
-        ``reply_recorded``: the reply is already in the journal's starting state (a resumed
-        run), so only the verdicts are journaled.
+        ``step`` is the reply's; ``reply_recorded``: the reply is already in the journal's
+        starting state (a resumed run), so only the verdicts are journaled.
         """
         info = self.info()
         pending = [self.gate(call, info) for call in calls]
         if not reply_recorded:
-            await self.replied(self.steps_used - 1, self.messages[-1], pending)
+            step = self.steps_used - 1 if step is None else step
+            await self.replied(step, self.messages[-1], pending)
         else:
             await self.started(pending)
         if not any(isinstance(p.status, NeedsApproval) for p in pending):
@@ -762,10 +879,13 @@ class _Run:
                     steps_used=self.steps_used,
                     recent_calls=self.tracker.recent,
                     pending=pending,
+                    output_retries=self.output.retries_used if self.output is not None else 0,
                 )
             )
 
     def gate(self, call: ToolCall, info: RunInfo) -> PendingCall:
+        if self.output is not None and self.output.owns(call.name):
+            return PendingCall(call=call, status=_ALLOWED)  # a final result needs no approval
         decision = self.agent.policy.decide(call, self.agent.tools.get(call.name), info)
         if isinstance(decision, RequireApproval):
             return PendingCall(call=call, status=NeedsApproval(reason=decision.reason))
@@ -774,17 +894,25 @@ class _Run:
         return PendingCall(call=call, status=_ALLOWED)
 
     async def round(self, pending: list[PendingCall]) -> AgentOutcome | None:
-        """Run one round of gated calls and append their results as one tool message."""
-        result = await self.rounds.run(pending, step=max(self.steps_used - 1, 0))
-        answered = result.answered
-        if isinstance(result.control, PauseRun):
-            finished = [
-                PendingCall(call=call, status=Finished(content=out.content, is_error=out.is_error))
-                for call, out in answered
-            ]
-            state = self.state(finished + pending[len(answered) :])
+        """Run one round of gated calls and append their results as one tool message.
+
+        Final-result calls are not tools: they are judged when the round is recorded."""
+        output = self.output
+        tools = [p for p in pending if output is None or not output.owns(p.call.name)]
+        result = await self.rounds.run(tools, step=max(self.steps_used - 1, 0)) if tools else None
+        answered = result.answered if result is not None else []
+        if result is not None and isinstance(result.control, PauseRun):
+            ran = {call.id: (call, out) for call, out in answered}
+            state = self.state(
+                [
+                    PendingCall(call=ran[p.call.id][0], status=_finished(ran[p.call.id][1]))
+                    if p.call.id in ran
+                    else p
+                    for p in pending
+                ]
+            )
             return Paused(reason=result.control.reason, state=state)
-        if isinstance(result.control, CancelRun) or result.cancelled:
+        if result is not None and (isinstance(result.control, CancelRun) or result.cancelled):
             self.record_cancelled(pending, answered)
             if isinstance(result.control, CancelRun):
                 return self.stop(result.control, [])
@@ -794,17 +922,25 @@ class _Run:
     async def record(
         self, pending: list[PendingCall], answered: list[tuple[ToolCall, ToolOutput]]
     ) -> AgentOutcome | None:
-        """Append the round's results (loop-guard notes added) and decide whether to stop."""
+        """Append the round's results (loop-guard notes added) and decide whether to stop:
+        an accepted final result completes the run, a loop stops it."""
+        ran = {call.id: (call, output) for call, output in answered}
+        finals = [p.call for p in pending if p.call.id not in ran]
+        verdict: Valid[Any] | Invalid | None = None
+        answers: dict[str, tuple[str, bool]] = {}
+        if finals and self.output is not None:
+            verdict, answers = await self.output.check_calls(finals, self.output_context())
         results: list[ToolResult] = []
         stop: Stop | None = None
         stopping_tool = ""
-        for item, (call, output) in zip(pending, answered, strict=True):
+        for item in pending:
+            call, output = ran.get(item.call.id) or (item.call, ToolOutput(*answers[item.call.id]))
             content = output.content
-            verdict = self.tracker.record(call.name, call.arguments, content)
-            if isinstance(verdict, Warn):
-                content += warning_note(call.name, verdict.repeats)
-            elif isinstance(verdict, Stop) and stop is None:
-                stop, stopping_tool = verdict, call.name
+            repeat = self.tracker.record(call.name, call.arguments, content)
+            if isinstance(repeat, Warn):
+                content += warning_note(call.name, repeat.repeats)
+            elif isinstance(repeat, Stop) and stop is None:
+                stop, stopping_tool = repeat, call.name
             results.append(
                 ToolResult(tool_call_id=item.call.id, content=content, is_error=output.is_error)
             )
@@ -813,7 +949,11 @@ class _Run:
         if self.journal is not None:
             from agent_plugin.journal import RoundDone
 
-            await self.journal.record(RoundDone(step=self.steps_used - 1, message=message))
+            await self.journal.record(RoundDone(step=max(self.steps_used - 1, 0), message=message))
+        if verdict is not None and verdict.accepted:
+            return self.completed("", verdict)
+        if verdict is not None and not verdict.final and not answered:
+            self.steps_used += 1  # final results sent back to be fixed: a step, as in text
         if stop is not None:
             return LoopDetected(
                 tool=stopping_tool,
@@ -821,27 +961,35 @@ class _Run:
                 steps_used=self.steps_used,
                 usage=self.usage,
             )
-        if answered and all(output.terminate for _, output in answered):
+        if verdict is not None and verdict.final:
+            return self.invalid(verdict)
+        if answered and not finals and all(output.terminate for _, output in answered):
             text = "\n".join(_plain(output.content) for _, output in answered)
-            return Completed(text=text, steps_used=self.steps_used, usage=self.usage)
+            if self.output is None:
+                return self.completed(text)
+            ended = self.output.check_result(text)
+            return self.completed(text, ended) if ended.accepted else self.invalid(ended)
         return None
 
     def record_cancelled(
         self, pending: list[PendingCall], answered: list[tuple[ToolCall, ToolOutput]]
     ) -> None:
         """Answer every call of a cancelled round so the transcript stays valid."""
+        ran = {call.id: output for call, output in answered}
         results = [
-            ToolResult(tool_call_id=call.id, content=output.content, is_error=output.is_error)
-            for call, output in answered
-        ]
-        results += [
-            ToolResult(tool_call_id=p.call.id, content=_NOT_RUN, is_error=True)
-            for p in pending[len(answered) :]
+            ToolResult(tool_call_id=p.call.id, content=out.content, is_error=out.is_error)
+            if (out := ran.get(p.call.id)) is not None
+            else ToolResult(tool_call_id=p.call.id, content=_NOT_RUN, is_error=True)
+            for p in pending
         ]
         self.append(ChatMessage.tool_results(results))
 
 
 _ALLOWED: Final = Allowed()
+
+
+def _finished(output: ToolOutput) -> Finished:
+    return Finished(content=output.content, is_error=output.is_error)
 
 
 def _with_call_ids(content: list[ContentPart]) -> list[ContentPart]:
@@ -873,23 +1021,3 @@ def _plain(content: str) -> str:
     except ValueError:
         return content
     return value if isinstance(value, str) else content
-
-
-def _public_message(message: ChatMessage) -> ChatMessage:
-    """The message with tool-call arguments redacted, for events."""
-    if not message.tool_calls:
-        return message
-    return message.model_copy(
-        update={
-            "content": [
-                ToolCallPart(
-                    tool_call=p.tool_call.model_copy(
-                        update={"arguments": redact(p.tool_call.arguments), "raw_arguments": None}
-                    )
-                )
-                if isinstance(p, ToolCallPart)
-                else p
-                for p in message.content
-            ]
-        }
-    )

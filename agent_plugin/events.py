@@ -5,24 +5,30 @@ connection as plain JSON. One run (or resume) emits, in order::
 
     run_start
       turn_start
-        model_request  (text_delta | thinking_delta | tool_call_delta)*  (retry)*  model_response
+        model_request  (text_delta | thinking_delta | tool_call_delta | output_delta)*  (retry)*
+          model_response
         (approval_required | tool_start* tool_progress* tool_end*)
       turn_end
       ...
     run_end            exactly once, on every exit path, errors included
 
 Tool arguments are redacted before they are put in an event; tool results and
-assistant text are not.
+assistant text are not. A typed run streams its output as it grows (``output_delta``, the
+JSON parsed so far) and ends with the validated value in ``run_end``'s summary.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeAlias
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter
+from pydantic_core import to_jsonable_python
 
-from agent_plugin.errors import ErrorInfo
-from agent_plugin.messages import ChatMessage, StopReason, TokenUsage
+from agent_plugin.errors import AgentError, ErrorInfo
+from agent_plugin.messages import ChatMessage, StopReason, TokenUsage, ToolCallPart
 from agent_plugin.outcomes import (
     AgentOutcome,
     AwaitingApproval,
@@ -31,9 +37,13 @@ from agent_plugin.outcomes import (
     Completed,
     LoopDetected,
     NeedsApproval,
+    OutputInvalid,
     Paused,
 )
 from agent_plugin.redaction import redact
+
+if TYPE_CHECKING:
+    from agent_plugin.outcomes import AgentTurn
 
 __all__ = [
     "AgentEvent",
@@ -41,6 +51,7 @@ __all__ = [
     "ModelRequestStarted",
     "ModelResponded",
     "OutcomeSummary",
+    "OutputDelta",
     "PendingApproval",
     "RetryScheduled",
     "RunEnded",
@@ -55,6 +66,9 @@ __all__ = [
     "TurnEnded",
     "TurnStarted",
     "event_adapter",
+    "events_of",
+    "public_message",
+    "tee",
 ]
 
 
@@ -99,6 +113,15 @@ class ToolCallDeltaEvent(_Event):
     index: int
     call_id: str
     name: str
+
+
+class OutputDelta(_Event):
+    """A typed run's output as the model writes it: ``partial`` is the JSON parsed so far
+    (complete or not, never validated), ``choice`` the output type it is written as."""
+
+    type: Literal["output_delta"] = "output_delta"
+    choice: str
+    partial: JsonValue
 
 
 class RetryScheduled(_Event):
@@ -171,7 +194,11 @@ class TurnEnded(_Event):
 
 
 class OutcomeSummary(BaseModel):
-    """How a run ended, safe to publish: no transcript, tool arguments redacted."""
+    """How a run ended, safe to publish: no transcript, tool arguments redacted.
+
+    ``output`` is a completed run's output as JSON (by alias, so the output type validates
+    it back); for a plain-text run, the text.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -179,6 +206,7 @@ class OutcomeSummary(BaseModel):
     steps_used: int
     usage: TokenUsage
     text: str | None = None
+    output: JsonValue = None
     reason: str | None = None
     tool: str | None = None
     repeats: int | None = None
@@ -188,9 +216,12 @@ class OutcomeSummary(BaseModel):
     def of(cls, outcome: AgentOutcome) -> OutcomeSummary:
         summary = cls(status=outcome.status, steps_used=outcome.steps_used, usage=outcome.usage)
         if isinstance(outcome, Completed):
-            return summary.model_copy(update={"text": outcome.text})
+            output = to_jsonable_python(outcome.output, by_alias=True)
+            return summary.model_copy(update={"text": outcome.text, "output": output})
         if isinstance(outcome, BudgetExhausted | Cancelled | Paused):
             return summary.model_copy(update={"reason": outcome.reason})
+        if isinstance(outcome, OutputInvalid):
+            return summary.model_copy(update={"reason": outcome.message})
         if isinstance(outcome, LoopDetected):
             return summary.model_copy(update={"tool": outcome.tool, "repeats": outcome.repeats})
         if isinstance(outcome, AwaitingApproval):
@@ -236,6 +267,7 @@ AgentEvent: TypeAlias = Annotated[
     | TextDeltaEvent
     | ThinkingDeltaEvent
     | ToolCallDeltaEvent
+    | OutputDelta
     | RetryScheduled
     | ModelResponded
     | ToolStarted
@@ -254,3 +286,61 @@ event_adapter: TypeAdapter[AgentEvent] = TypeAdapter(
 """``event_adapter.validate_json(...)`` / ``.dump_json(...)`` for events on their own.
 
 Built on first use (runs never need it), not when the package is imported."""
+
+
+# --- plumbing --------------------------------------------------------------------------------
+
+
+def public_message(message: ChatMessage) -> ChatMessage:
+    """``message`` with its tool calls' arguments redacted, as events show it."""
+    if not message.tool_calls:
+        return message
+    return message.model_copy(
+        update={
+            "content": [
+                ToolCallPart(
+                    tool_call=p.tool_call.model_copy(
+                        update={"arguments": redact(p.tool_call.arguments), "raw_arguments": None}
+                    )
+                )
+                if isinstance(p, ToolCallPart)
+                else p
+                for p in message.content
+            ]
+        }
+    )
+
+
+def tee(
+    first: Callable[[AgentEvent], None], second: Callable[[AgentEvent], None] | None
+) -> Callable[[AgentEvent], None]:
+    """A sink that gives each event to ``first``, then to ``second`` (if any)."""
+    if second is None:
+        return first
+
+    def both(event: AgentEvent) -> None:
+        first(event)
+        second(event)
+
+    return both
+
+
+async def events_of(
+    start: Callable[[Callable[[AgentEvent], None]], Awaitable[AgentTurn]],
+) -> AsyncIterator[AgentEvent]:
+    """The events of the run ``start(sink)`` begins, up to its ``run_end``; leaving the
+    iteration early cancels the run."""
+    queue: asyncio.Queue[AgentEvent] = asyncio.Queue()
+    task = asyncio.ensure_future(start(queue.put_nowait))
+    try:
+        while True:
+            event = await queue.get()
+            yield event
+            if isinstance(event, RunEnded):
+                break
+        await task
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, AgentError):
+                await task

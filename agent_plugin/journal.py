@@ -59,6 +59,8 @@ class Replied(_Entry):
     steps_used: int
     recent_calls: list[int] = Field(default_factory=list)
     pending: list[PendingCall] = Field(default_factory=list)
+    output_retries: int = Field(default=0, exclude_if=lambda v: v == 0)
+    """The run's output retries after this reply (a typed run)."""
 
 
 class ToolDone(_Entry):
@@ -125,6 +127,7 @@ def recover(entries: Iterable[JournalEntry]) -> RunState | None:
                     "steps_used": entry.steps_used,
                     "recent_calls": entry.recent_calls,
                     "pending": entry.pending,
+                    "output_retries": entry.output_retries,
                 }
             )
         elif isinstance(entry, ToolDone):

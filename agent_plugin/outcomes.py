@@ -3,15 +3,35 @@
 All of these are pydantic models whose JSON matches the seed's: outcomes are tagged by
 ``status``, pending-call statuses by ``status``, approvals by ``verdict``. A :class:`RunState`
 can be stored in a database row or a job result and resumed in another process.
+
+A run's output type flows through the generics: ``Agent[T].run`` returns an ``AgentTurn[T]``
+whose ``Completed[T]`` holds ``output: T`` (``str`` by default). Unparametrised, they hold any
+output.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Generic, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    Tag,
+    TypeAdapter,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import to_jsonable_python
+from typing_extensions import TypeAliasType, TypeVar
 
+from agent_plugin.errors import AgentError
 from agent_plugin.messages import ChatMessage, TokenUsage, ToolCall
 
 __all__ = [
@@ -31,6 +51,8 @@ __all__ = [
     "Finished",
     "LoopDetected",
     "NeedsApproval",
+    "OutputInvalid",
+    "OutputT",
     "Paused",
     "PendingCall",
     "PendingStatus",
@@ -41,6 +63,11 @@ __all__ = [
     "UnknownOutcome",
     "outcome_adapter",
 ]
+
+
+OutputT = TypeVar("OutputT", default=Any, covariant=True)
+"""The type of a run's output in :class:`Completed`, :class:`AgentTurn` and
+:data:`AgentOutcome` (any, unparametrised)."""
 
 
 class _Model(BaseModel):
@@ -107,10 +134,56 @@ class RunState(_Model):
     """How many of ``messages`` were history before the run started (saved in a session)."""
     session_version: int | None = None
     """The session's version the run started from, so a resume can detect a concurrent writer."""
+    output: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The output type the run must produce (its label, ``Ticket``); ``None``: plain text. A
+    resume checks that its agent produces the same."""
+    output_retries: int = Field(default=0, exclude_if=lambda v: v == 0)
+    """How many replies were sent back to the model because they gave no valid output."""
 
     def awaiting(self) -> list[PendingCall]:
         """The calls that wait for a reviewer's decision."""
         return [p for p in self.pending if isinstance(p.status, NeedsApproval)]
+
+    def decided(self, decisions: Iterable[ApprovalDecision]) -> list[PendingCall]:
+        """The pending calls with reviewers' ``decisions`` applied: approved and edited calls
+        are allowed (an edit replaces the arguments), rejected ones and those that await
+        approval without a decision are rejected; the first decision for a call counts.
+
+        A decision that names a call not awaiting approval is a ``config``
+        :class:`~agent_plugin.errors.AgentError`.
+        """
+        decisions = list(decisions)
+        awaiting = {p.call.id for p in self.awaiting()}
+        for decision in decisions:
+            if decision.call_id not in awaiting:
+                raise AgentError.config(
+                    f"call {decision.call_id!r} is not awaiting approval in run {self.run_id!r}"
+                )
+        first: dict[str, Approval] = {}
+        for decision in decisions:
+            first.setdefault(decision.call_id, decision.approval)
+        resolved: list[PendingCall] = []
+        for pending in self.pending:
+            if not isinstance(pending.status, NeedsApproval):
+                resolved.append(pending)
+                continue
+            approval = first.get(pending.call.id)
+            if approval is None:
+                resolved.append(
+                    pending.model_copy(update={"status": Rejected(reason="no decision was given")})
+                )
+            elif isinstance(approval, Reject):
+                resolved.append(
+                    pending.model_copy(update={"status": Rejected(reason=approval.reason)})
+                )
+            elif isinstance(approval, Edit):
+                call = pending.call.model_copy(
+                    update={"arguments": approval.arguments, "raw_arguments": None}
+                )
+                resolved.append(PendingCall(call=call, status=Allowed()))
+            else:
+                resolved.append(pending.model_copy(update={"status": Allowed()}))
+        return resolved
 
 
 # --- approvals -----------------------------------------------------------------------------
@@ -172,11 +245,38 @@ class _Outcome(_Model):
         return False
 
 
-class Completed(_Outcome):
+class Completed(_Outcome, Generic[OutputT]):
+    """The run gave its answer: ``output``, validated as the run's output type (for a plain
+    text run, the text), and ``text`` (the answer's text; a typed output's JSON).
+
+    In JSON, ``output`` is left out when it is the text itself, as the seed writes a
+    completed outcome; reading such JSON back sets it to the text.
+    """
+
     status: Literal["completed"] = "completed"
     text: str
+    output: OutputT = None  # type: ignore[assignment]  # the text when not given
     steps_used: int
     usage: TokenUsage
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_the_default_output(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "output" not in data and "text" in data:
+            return {**data, "output": data["text"]}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _output_only_when_not_the_text(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            if isinstance(self.output, str) and self.output == self.text:
+                data.pop("output", None)
+            elif info.mode_is_json() and "output" in data:
+                data["output"] = to_jsonable_python(self.output, by_alias=True)
+        return data
 
     def is_completed(self) -> bool:
         return True
@@ -196,6 +296,17 @@ class LoopDetected(_Outcome):
     status: Literal["loop_detected"] = "loop_detected"
     tool: str
     repeats: int
+    steps_used: int
+    usage: TokenUsage
+
+
+class OutputInvalid(_Outcome):
+    """The run's answer never validated as its output type: ``message`` says what was wrong
+    with the last reply, after ``retries`` replies were sent back to be fixed."""
+
+    status: Literal["output_invalid"] = "output_invalid"
+    message: str
+    retries: int
     steps_used: int
     usage: TokenUsage
 
@@ -243,7 +354,15 @@ class UnknownOutcome(_Outcome):
 
 
 _KNOWN_STATUSES = frozenset(
-    {"completed", "budget_exhausted", "loop_detected", "awaiting_approval", "paused", "cancelled"}
+    {
+        "completed",
+        "budget_exhausted",
+        "loop_detected",
+        "output_invalid",
+        "awaiting_approval",
+        "paused",
+        "cancelled",
+    }
 )
 
 
@@ -252,16 +371,22 @@ def _outcome_tag(value: Any) -> str:
     return status if isinstance(status, str) and status in _KNOWN_STATUSES else "unknown"
 
 
-AgentOutcome: TypeAlias = Annotated[
-    Annotated[Completed, Tag("completed")]
-    | Annotated[BudgetExhausted, Tag("budget_exhausted")]
-    | Annotated[LoopDetected, Tag("loop_detected")]
-    | Annotated[AwaitingApproval, Tag("awaiting_approval")]
-    | Annotated[Paused, Tag("paused")]
-    | Annotated[Cancelled, Tag("cancelled")]
-    | Annotated[UnknownOutcome, Tag("unknown")],
-    Discriminator(_outcome_tag),
-]
+AgentOutcome = TypeAliasType(
+    "AgentOutcome",
+    Annotated[
+        Annotated[Completed[OutputT], Tag("completed")]
+        | Annotated[BudgetExhausted, Tag("budget_exhausted")]
+        | Annotated[LoopDetected, Tag("loop_detected")]
+        | Annotated[OutputInvalid, Tag("output_invalid")]
+        | Annotated[AwaitingApproval, Tag("awaiting_approval")]
+        | Annotated[Paused, Tag("paused")]
+        | Annotated[Cancelled, Tag("cancelled")]
+        | Annotated[UnknownOutcome, Tag("unknown")],
+        Discriminator(_outcome_tag),
+    ],
+    type_params=(OutputT,),
+)
+"""How a run ended, told apart by ``status``; ``AgentOutcome[T]`` when its output is a ``T``."""
 
 outcome_adapter: TypeAdapter[AgentOutcome] = TypeAdapter(
     AgentOutcome, config=ConfigDict(defer_build=True)
@@ -271,14 +396,15 @@ outcome_adapter: TypeAdapter[AgentOutcome] = TypeAdapter(
 Built on first use (runs never need it), not when the package is imported."""
 
 
-class AgentTurn(_Model):
+class AgentTurn(_Model, Generic[OutputT]):
     """What a run or resume returns: the outcome and the transcript without the system prompt.
 
     ``messages[history_length:]`` are the messages this run (and the runs it resumed) added
-    to the history it was given: what a session store appends.
+    to the history it was given: what a session store appends. ``AgentTurn[T]`` is the turn
+    of an ``Agent[T]``: a completed outcome's ``output`` is a ``T``.
     """
 
-    outcome: AgentOutcome
+    outcome: AgentOutcome[OutputT]
     messages: list[ChatMessage]
     history_length: int = 0
 
