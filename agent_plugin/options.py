@@ -24,7 +24,11 @@ from agent_plugin.text import unstorable
 if TYPE_CHECKING:
     from agent_plugin.journal import RunJournal
 
-__all__ = ["DEFAULT_OVERRIDES", "AgentOverrides", "EventSink", "RunOptions"]
+__all__ = ["DEFAULT_OVERRIDES", "OUTPUT_NAME_PATTERN", "AgentOverrides", "EventSink", "RunOptions"]
+
+OUTPUT_NAME_PATTERN: Final = r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$"
+"""The name of a registered output type: a letter, then up to 63 letters, digits, ``_``,
+``.`` or ``-``."""
 
 EventSink: TypeAlias = Callable[[AgentEvent], None]
 """Receives every event of a run, synchronously, in order. Must not block."""
@@ -60,7 +64,9 @@ class AgentOverrides(BaseModel):
     * ``read_only``: the run may only call read-only and internal tools (a heartbeat tick's
       check-in), on top of the app's policy;
     * ``session``: the conversation the run belongs to (``None``: a run on its own);
-    * ``followup_depth``: how many follow-up links deep the run is (a chain stops at ten).
+    * ``followup_depth``: how many follow-up links deep the run is (a chain stops at ten);
+    * ``output``: the name of an output type registered on the plugin
+      (``AgentPlugin(outputs={"ticket": Ticket})``) the run must produce (``None``: text).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -71,6 +77,7 @@ class AgentOverrides(BaseModel):
     read_only: bool = False
     session: str | None = Field(default=None, min_length=1, max_length=255)
     followup_depth: int = Field(default=0, ge=0)
+    output: str | None = Field(default=None, pattern=OUTPUT_NAME_PATTERN)
 
     @field_validator("system_prompt", "memory_scope", "session")
     @classmethod

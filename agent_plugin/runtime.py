@@ -3,8 +3,8 @@
 :class:`RuntimeSpec` is what the app configured (tools, hooks, policy, stores, the always-on
 parts); :func:`open_runtime` turns it and the loaded settings into an :class:`AgentRuntime`
 (provider client, database, stores) and :meth:`AgentRuntime.agent_for` turns a run's
-:class:`~agent_plugin.options.AgentOverrides` into an agent. Nothing here knows FastAPI or
-arq: the web plugin and the worker open the same runtime.
+:class:`~agent_plugin.options.AgentOverrides` (and output type) into an agent. Nothing here
+knows FastAPI or arq: the web plugin and the worker open the same runtime.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import contextlib
 import importlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +28,7 @@ from agent_plugin.hooks import AgentHooks
 from agent_plugin.ids import DEFAULT_SCOPE
 from agent_plugin.memory import MemoryStore
 from agent_plugin.options import DEFAULT_OVERRIDES, AgentOverrides
+from agent_plugin.output import Output, OutputType
 from agent_plugin.policy import AllowAll, Strictest, ToolPolicy, ToolRules
 from agent_plugin.proactive import (
     Delivery,
@@ -65,6 +66,7 @@ ModelFactory: TypeAlias = Callable[[AgentSettings], LlmClient | None]
 
 _MIN_FOLLOWUP: Final = timedelta(minutes=1)
 _CACHED_AGENTS: Final = 16
+_NO_OUTPUTS: Final[Mapping[str, Output[Any]]] = {}
 
 
 class AgentRuntime:
@@ -75,7 +77,8 @@ class AgentRuntime:
     what the workers tick; ``followups`` (the longest delay) gives every agent the
     ``schedule_followup`` tool; ``runs`` holds the background runs' records (``None`` when
     background runs are off); ``toolsets`` are the started toolsets (MCP servers), whose
-    current tools every agent gets. :meth:`aclose` closes what the runtime opened.
+    current tools every agent gets; ``outputs`` are the output types a run may name (see
+    :meth:`output_named`). :meth:`aclose` closes what the runtime opened.
     """
 
     def __init__(
@@ -96,9 +99,11 @@ class AgentRuntime:
         database: Database | None = None,
         runs: SqlRunStore | None = None,
         toolsets: Sequence[LiveToolset] = (),
+        outputs: Mapping[str, Output[Any]] = _NO_OUTPUTS,
         owns_client: bool = False,
     ) -> None:
         self.settings = settings
+        self.outputs: Mapping[str, Output[Any]] = dict(outputs)
         self.client = client
         self.tools = ToolRegistry(tools)
         self.hooks = tuple(hooks)
@@ -116,7 +121,7 @@ class AgentRuntime:
         self._owns_client = owns_client
         self._secrets: list[str] = []
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._agents: dict[tuple[AgentOverrides, Enqueue | None], Agent] = {}
+        self._agents: dict[tuple[AgentOverrides, Enqueue | None, object], Agent[Any]] = {}
         self._revisions: tuple[int, ...] = tuple(t.revision for t in self.toolsets)
         self._built_in: list[str] | None = None
 
@@ -131,7 +136,8 @@ class AgentRuntime:
         overrides: AgentOverrides = DEFAULT_OVERRIDES,
         *,
         book_followup: Enqueue | None = None,
-    ) -> Agent:
+        output: OutputType[Any] | Output[Any] | None = None,
+    ) -> Agent[Any]:
         """The app's agent with a run's ``overrides``.
 
         ``max_steps``, ``max_tokens``, ``system_prompt`` and ``max_run_secs`` come from the
@@ -139,17 +145,25 @@ class AgentRuntime:
         store from the runtime. ``read_only`` adds :meth:`ToolRules.read_only
         <agent_plugin.policy.ToolRules.read_only>` to the policy. With ``followups`` the agent
         gets the ``schedule_followup`` tool, which books through ``book_followup`` (without
-        one it tells the model that nothing can run later). Agents keep no per-run state, so
-        one is built per set of overrides and reused, until a toolset's tools change.
+        one it tells the model that nothing can run later). The agent produces ``output`` (a
+        type or an :class:`~agent_plugin.output.Output`), or the registered output that
+        ``overrides.output`` names, or text. Agents keep no per-run state, so one is built per
+        set of overrides and output and reused, until a toolset's tools change.
         """
+        if output is not None and overrides.output is not None:
+            raise AgentError.config(
+                f"a run names the output {overrides.output!r}: give it no output type besides"
+            )
+        if overrides.output is not None:
+            output = self.output_named(overrides.output)
         revisions = tuple(toolset.revision for toolset in self.toolsets)
         if revisions != self._revisions:
             self._agents.clear()
             self._revisions = revisions
-        key = (overrides, book_followup)
+        key = (overrides, book_followup, _output_key(output))
         agent = self._agents.get(key)
         if agent is None:
-            agent = self._build(overrides, book_followup)
+            agent = self._build(overrides, book_followup, output)
             if len(self._agents) >= _CACHED_AGENTS:
                 self._agents.pop(next(iter(self._agents)))
             self._agents[key] = agent
@@ -182,7 +196,21 @@ class AgentRuntime:
         """Raise a ``config`` error when a toolset's tool has the name of another tool."""
         self._with_toolsets(self._own_tools(DEFAULT_OVERRIDES, None), strict=True)
 
-    def _build(self, overrides: AgentOverrides, book_followup: Enqueue | None) -> Agent:
+    def output_named(self, name: str) -> Output[Any]:
+        """The output type registered as ``name``; an ``invalid`` error names the registered
+        ones for an unknown name."""
+        found = self.outputs.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.outputs)) or "none are registered"
+            raise AgentError(ErrorKind.INVALID, f"no output type is named {name!r} ({known})")
+        return found
+
+    def _build(
+        self,
+        overrides: AgentOverrides,
+        book_followup: Enqueue | None,
+        output: OutputType[Any] | Output[Any] | None = None,
+    ) -> Agent[Any]:
         settings = self.settings
         scope = overrides.memory_scope or DEFAULT_SCOPE
         tools = self._with_toolsets(self._own_tools(overrides, book_followup), strict=False)
@@ -204,6 +232,7 @@ class AgentRuntime:
             memory_scope=scope,
             skills=self.skills,
             compaction=self.compaction,
+            output_type=output,
         )
 
     def register_secrets(self, values: Iterable[str | None]) -> None:
@@ -271,6 +300,12 @@ class AgentRuntime:
                 self._secrets.clear()
 
 
+def _output_key(output: OutputType[Any] | Output[Any] | None) -> object:
+    """What tells agents of different outputs apart in the cache: the type itself (a list of
+    types as a tuple), or the :class:`Output`."""
+    return tuple(output) if isinstance(output, list) else output
+
+
 async def _no_followups(_plan: FollowupPlan) -> str:
     raise AgentError(
         ErrorKind.UNAVAILABLE,
@@ -303,7 +338,7 @@ class RuntimeSpec:
     ``auto_migrate`` ``None``: migrate SQLite, only check PostgreSQL. ``toolsets`` (MCP
     servers) are started at opening, with those of the settings' ``mcp_servers``.
     ``secrets``: values the app wants redacted by value, beside the configured key and
-    URL passwords.
+    URL passwords. ``outputs``: the output types a run may name, by name.
     """
 
     tools: tuple[Tool, ...] = ()
@@ -325,6 +360,7 @@ class RuntimeSpec:
     auto_migrate: bool | None = None
     secrets: tuple[str, ...] = field(default=(), repr=False)
     environ: dict[str, str] | None = field(default=None, repr=False)
+    outputs: Mapping[str, Output[Any]] = field(default_factory=dict)
 
     @property
     def needs_database(self) -> bool:
@@ -418,6 +454,7 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
             database=database,
             runs=runs,
             toolsets=toolsets,
+            outputs=spec.outputs,
             owns_client=owns_client,
         )
         runtime.check_tool_names()

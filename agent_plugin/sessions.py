@@ -15,9 +15,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Annotated, Final, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Final,
+    Generic,
+    Literal,
+    Protocol,
+    TypeAlias,
+    runtime_checkable,
+)
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from typing_extensions import TypeVar
 
 from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
 from agent_plugin.compaction import Compaction, CompactionReport, summary_message
@@ -29,6 +40,7 @@ from agent_plugin.outcomes import (
     AgentTurn,
     ApprovalDecision,
     AwaitingApproval,
+    OutputT,
     Paused,
     RunState,
 )
@@ -57,6 +69,8 @@ __all__ = [
     "run",
     "session_entry_adapter",
 ]
+
+T = TypeVar("T", default=str)
 
 MAX_SESSION_ID_LENGTH: Final = 255
 """Session ids are non-empty strings of at most this many characters (a database key)."""
@@ -380,7 +394,7 @@ class InMemorySessionStore:
 # --- running in a session or not -------------------------------------------------------
 
 
-class SessionTurn(AgentTurn):
+class SessionTurn(AgentTurn[OutputT], Generic[OutputT]):
     """An :class:`AgentTurn` run in a session: the session's id and version after the turn
     (unchanged when the run paused: nothing was saved) and the compaction report, if the
     session was compacted before the run."""
@@ -391,13 +405,13 @@ class SessionTurn(AgentTurn):
 
 
 async def run(
-    agent: Agent,
+    agent: Agent[T],
     prompt: str | ChatMessage,
     *,
     session: str | None = None,
     store: SessionStore | None = None,
     options: RunOptions | None = None,
-) -> AgentTurn:
+) -> AgentTurn[T]:
     """Run ``prompt`` on its own, or as the next turn of ``session`` in ``store``.
 
     In a session: load it; compact it first when the agent has ``compaction`` and the session
@@ -405,7 +419,8 @@ async def run(
     turn; append its new messages unless the run paused (a resume saves them once it
     finishes). Raises ``CONFLICT`` if another writer changed the session during the turn
     (nothing of the turn is saved then) and leaves the session unchanged if the summary call
-    fails.
+    fails. A typed run's final-result call and its result are saved with the turn, so the
+    next turn sees the output.
     """
     if session is None:
         return await agent.run(prompt, options=options)
@@ -429,13 +444,13 @@ async def run(
 
 
 async def resume(
-    agent: Agent,
+    agent: Agent[T],
     state: RunState,
     decisions: Iterable[ApprovalDecision] = (),
     *,
     store: SessionStore | None = None,
     options: RunOptions | None = None,
-) -> AgentTurn:
+) -> AgentTurn[T]:
     """Continue a paused (or recovered) run, and save its turn to its session once it ends.
 
     A state from :func:`run` in a session carries the session id and the version the run
@@ -507,11 +522,11 @@ async def _compacted(
 async def _saved(
     store: SessionStore,
     session_id: str,
-    turn: AgentTurn,
+    turn: AgentTurn[Any],
     version: int,
     *,
     compaction: CompactionReport | None = None,
-) -> SessionTurn:
+) -> SessionTurn[Any]:
     """Append the turn's new messages unless the run paused, and report where it ended."""
     if not _paused(turn.outcome):
         version = await store.append(session_id, turn.new_messages, expected_version=version)

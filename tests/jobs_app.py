@@ -5,9 +5,11 @@ build the same plugin with :func:`make_plugin`; the worker reads its options fro
 environment (``AGENT_*`` for the settings, ``JOBS_TEST_*`` for the test's knobs).
 
 The model is scripted by the prompt: a JSON *plan* says which tool calls to make, round by
-round, how long each model call and tool call takes, and which model calls fail. Every model
-call and every tool execution appends a line to the log file ``JOBS_TEST_LOG``, so a test can
-count them across worker restarts (``pid`` is the worker's process id)::
+round, how long each model call and tool call takes, which model calls fail, and the final
+answers of a typed run (the registered outputs ``ticket``, tool mode, and
+``ticket_prompted``). Every model call and every tool execution appends a line to the log
+file ``JOBS_TEST_LOG``, so a test can count them across worker restarts (``pid`` is the
+worker's process id)::
 
     <unix time> <pid> model_start <tag> <round>
     <unix time> <pid> model_end <tag> <round>
@@ -62,6 +64,7 @@ from agent_plugin.jobs import (
 )
 from agent_plugin.jobs.upkeep import Upkeep
 from agent_plugin.messages import Role, ToolResultPart
+from agent_plugin.output import Output
 from agent_plugin.policy import ASK, ToolPolicy, ToolRules
 from agent_plugin.proactive import Delivery, Heartbeat, Report, WebhookDelivery
 from agent_plugin.providers.base import ChatRequest
@@ -75,6 +78,7 @@ from agent_plugin.web import AgentPlugin, AppAgent
 from tests.services import REDIS_URL
 
 LOG_ENV: Final = "JOBS_TEST_LOG"
+RETRY_PREFIX: Final = "Your answer was not accepted:"
 
 
 class FailPlan(BaseModel):
@@ -83,6 +87,16 @@ class FailPlan(BaseModel):
     kind: ErrorKind = ErrorKind.RATE_LIMITED
     message: str = ""
     """The error's message (default ``scripted <kind>``)."""
+
+
+class Ticket(BaseModel):
+    """The typed result of the tests' background runs (``output="ticket"``)."""
+
+    title: str
+    priority: int = Field(ge=1, le=5)
+
+
+OUTPUTS: Final = {"ticket": Ticket, "ticket_prompted": Output(Ticket, mode="prompted")}
 
 
 class Plan(BaseModel):
@@ -102,6 +116,9 @@ class Plan(BaseModel):
     tool_delay: float = 0.0
     fail: FailPlan = Field(default_factory=FailPlan)
     """The model call of ``round`` fails (with ``kind``) the first ``times`` times."""
+    outputs: list[dict[str, Any]] = Field(default_factory=list)
+    """A typed run's final answers after the rounds, one per attempt (the last repeats): a
+    ``final_result`` call when the request offers it, else the JSON as text."""
 
 
 def log_path() -> Path | None:
@@ -149,6 +166,8 @@ async def plan_reply(request: ChatRequest) -> Reply:
     """The next reply for the plan in the latest user message."""
     messages = [m for m in request.messages if m.role is not Role.SYSTEM]
     users = [i for i, m in enumerate(messages) if m.role is Role.USER and not m.tool_calls]
+    # the latest user message, before a typed run's retries (they answer the model)
+    users = [i for i in users if not messages[i].text.startswith(RETRY_PREFIX)] or users
     start = users[-1] if users else 0
     try:
         plan = Plan.model_validate_json(messages[start].text)
@@ -176,6 +195,12 @@ async def plan_reply(request: ChatRequest) -> Reply:
             tool_call(call[0], _arguments(call, plan), id=f"u{turn}r{done}c{i}")
             for i, call in enumerate(plan.rounds[done])
         ]
+    if plan.outputs:
+        replies = sum(1 for m in messages[start + 1 :] if m.role is Role.ASSISTANT)
+        attempt = plan.outputs[min(replies - len(plan.rounds), len(plan.outputs) - 1)]
+        if any(t.name == "final_result" for t in request.tools):
+            return [tool_call("final_result", attempt, id=f"u{len(users)}o{replies}")]
+        return json.dumps(attempt)
     answer = f"{plan.answer} after {done} rounds"
     if plan.echo:
         results = [
@@ -342,6 +367,7 @@ def make_plugin(
         delivery=delivery_from_env(env) if delivery is _FROM_ENV else delivery,
         heartbeat=heartbeat_from_env(env) if heartbeat is _FROM_ENV else heartbeat,
         followups=followups,
+        outputs=OUTPUTS,
     )
 
 

@@ -30,8 +30,9 @@ RUN_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 
 
 class RunArgs(BaseModel):
-    """A background run's task: the prompt, the agent's overrides, whether its end is
-    reported (``deliver``) and who started it. Kept in the run's record, never in Redis."""
+    """A background run's task: the prompt, the agent's overrides (``overrides.output`` names
+    the registered output type it must produce), whether its end is reported (``deliver``)
+    and who started it. Kept in the run's record, never in Redis."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

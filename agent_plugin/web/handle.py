@@ -12,6 +12,7 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
+from typing_extensions import TypeVar
 
 from agent_plugin import sessions
 from agent_plugin.agent import Agent
@@ -21,6 +22,7 @@ from agent_plugin.jobs import HeartbeatStats, RunArgs, RunHandle, RunQueue
 from agent_plugin.jobs.args import checked_run_id
 from agent_plugin.options import AgentOverrides, RunOptions
 from agent_plugin.outcomes import AgentTurn, ApprovalDecision, RunState
+from agent_plugin.output import Output, OutputType
 from agent_plugin.records import RunPage, RunRecord, RunStatus
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.web.sse import local_events, sse_response
@@ -44,6 +46,8 @@ STATE_KEY: Final = "agent_plugin_app"
 DisconnectPolicy: TypeAlias = Literal["cancel", "continue"]
 """What a streamed run does when its client goes away: stop, or run to the end unobserved."""
 
+T = TypeVar("T", default=str)
+
 
 class AppAgent:
     """The app's agent, ready to run: what :data:`AgentHandle` gives a route.
@@ -54,6 +58,11 @@ class AppAgent:
     Server-Sent Events. ``enqueue`` queues a background run for an arq worker and
     ``enqueue_resume`` the resume of a paused one; ``run_status``, ``list_runs``, ``cancel`` and
     ``steer`` reach background runs from any process (``jobs.events`` reads a run's events).
+
+    ``output_type=`` (a type, or an :class:`~agent_plugin.output.Output`) makes ``run``,
+    ``chat``, ``resume`` and ``stream`` produce a validated value: ``await agent.run(prompt,
+    output_type=Ticket)`` is an ``AgentTurn[Ticket]``. A background run names a registered
+    output instead: ``enqueue(prompt, output="ticket")``.
     """
 
     def __init__(self, runtime: AgentRuntime, queue: RunQueue | None = None) -> None:
@@ -63,23 +72,38 @@ class AppAgent:
     def __repr__(self) -> str:
         return f"AppAgent({self.runtime!r}, background={'on' if self.queue else 'off'})"
 
-    def agent(self, scope: str | None = None, *, session: str | None = None) -> Agent:
-        """The configured agent with the memory of ``scope`` (default ``"agent"``)."""
-        return self._agent_for(AgentOverrides(memory_scope=scope, session=session))
+    def agent(
+        self,
+        scope: str | None = None,
+        *,
+        session: str | None = None,
+        output_type: OutputType[T] | Output[T] | None = None,
+    ) -> Agent[T]:
+        """The configured agent with the memory of ``scope`` (default ``"agent"``), producing
+        ``output_type`` (default: text)."""
+        overrides = AgentOverrides(memory_scope=scope, session=session)
+        return self._agent_for(overrides, output_type)
 
     def tool_names(self) -> list[str]:
         """The names of the tools the agent offers the model, sorted."""
         return self.runtime.tool_names()
 
-    def _agent_for(self, overrides: AgentOverrides) -> Agent:
+    def _agent_for(
+        self, overrides: AgentOverrides, output: OutputType[Any] | Output[Any] | None = None
+    ) -> Agent[Any]:
         book = self.queue.enqueue_followup if self.queue is not None else None
-        return self.runtime.agent_for(overrides, book_followup=book)
+        return self.runtime.agent_for(overrides, book_followup=book, output=output)
 
     async def run(
-        self, prompt: str, *, scope: str | None = None, options: RunOptions | None = None
-    ) -> AgentTurn:
-        """Run one task from scratch."""
-        return await self.agent(scope).run(prompt, options=options)
+        self,
+        prompt: str,
+        *,
+        scope: str | None = None,
+        options: RunOptions | None = None,
+        output_type: OutputType[T] | Output[T] | None = None,
+    ) -> AgentTurn[T]:
+        """Run one task from scratch (producing ``output_type``, if given)."""
+        return await self.agent(scope, output_type=output_type).run(prompt, options=options)
 
     async def chat(
         self,
@@ -88,10 +112,12 @@ class AppAgent:
         *,
         scope: str | None = None,
         options: RunOptions | None = None,
-    ) -> AgentTurn:
-        """Continue ``session`` with ``prompt``; the turn is saved unless it paused."""
+        output_type: OutputType[T] | Output[T] | None = None,
+    ) -> AgentTurn[T]:
+        """Continue ``session`` with ``prompt``; the turn is saved unless it paused. The
+        session keeps the final output (a typed run's final-result call) for the next turn."""
         return await sessions.run(
-            self.agent(scope, session=session),
+            self.agent(scope, session=session, output_type=output_type),
             prompt,
             session=session,
             store=self.runtime.session_store,
@@ -105,11 +131,12 @@ class AppAgent:
         *,
         scope: str | None = None,
         options: RunOptions | None = None,
-    ) -> AgentTurn:
+        output_type: OutputType[T] | Output[T] | None = None,
+    ) -> AgentTurn[T]:
         """Continue a paused run with the reviewers' decisions (saved to its session, if it
-        ran in one)."""
+        ran in one); a typed run needs the ``output_type`` it was started with."""
         return await sessions.resume(
-            self.agent(scope, session=state.session_id),
+            self.agent(scope, session=state.session_id, output_type=output_type),
             state,
             decisions,
             store=self.runtime.session_store,
@@ -123,6 +150,7 @@ class AppAgent:
         session: str | None = None,
         scope: str | None = None,
         on_disconnect: DisconnectPolicy = "cancel",
+        output_type: OutputType[Any] | Output[Any] | None = None,
     ) -> StreamingResponse:
         """Run a task (in ``session``, if given) and stream its events as Server-Sent Events.
 
@@ -130,9 +158,10 @@ class AppAgent:
         ``data`` (its JSON, redacted like every event that leaves the process); the last is
         ``run_end``. If the run fails before it starts, one ``error`` event carries the error.
         ``on_disconnect="cancel"`` stops the run when the client goes away; ``"continue"`` lets
-        it finish (and save its session turn).
+        it finish (and save its session turn). With ``output_type``, ``output_delta`` events
+        carry the output as it grows, and ``run_end``'s summary the validated value.
         """
-        agent = self.agent(scope, session=session)
+        agent = self.agent(scope, session=session, output_type=output_type)
         store = self.runtime.session_store
         queue: asyncio.Queue[AgentEvent | BaseException | None] = asyncio.Queue()
 
@@ -187,11 +216,14 @@ class AppAgent:
         run_id: str | None = None,
         delay: float | timedelta | None = None,
         idempotency_key: str | None = None,
+        output: str | None = None,
     ) -> RunHandle:
         """Queue a background run; answer its id and the path that reports its status.
 
         ``session`` and ``scope`` (the memory scope), ``system_prompt`` and ``max_steps`` set
-        the run's agent; ``deliver`` reports how it ended to the plugin's delivery; ``delay``
+        the run's agent; ``output`` names a registered output type the run must produce (its
+        record's outcome then holds the output as JSON; an unknown name is ``invalid``);
+        ``deliver`` reports how it ended to the plugin's delivery; ``delay``
         (seconds or a timedelta) starts it later. The run's record exists (``queued``) before
         its job reaches Redis; the same ``run_id`` twice is one run. With ``idempotency_key``
         (instead of a ``run_id``) the same key and request are one run for a day, and the
@@ -202,6 +234,8 @@ class AppAgent:
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
         if seconds is not None and (not math.isfinite(seconds) or seconds < 0):
             raise AgentError.config(f"a run's delay must be 0 seconds or more, got {delay!r}")
+        if output is not None:
+            self.runtime.output_named(output)
         args = RunArgs.checked(
             prompt,
             overrides={
@@ -209,6 +243,7 @@ class AppAgent:
                 "memory_scope": scope,
                 "system_prompt": system_prompt,
                 "max_steps": max_steps,
+                "output": output,
             },
             deliver=deliver,
         )

@@ -6,6 +6,7 @@ in the app's lifespan (and in every worker), and installs routes, health and err
 from __future__ import annotations
 
 import logging
+import re
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -25,6 +26,8 @@ from agent_plugin.hooks import AgentHooks
 from agent_plugin.jobs import JobOptions, RunQueue
 from agent_plugin.jobs import worker_settings as jobs_worker_settings
 from agent_plugin.memory import MemoryStore
+from agent_plugin.options import OUTPUT_NAME_PATTERN
+from agent_plugin.output import Output, OutputType
 from agent_plugin.policy import ToolPolicy
 from agent_plugin.proactive import Delivery, Heartbeat
 from agent_plugin.providers.base import LlmClient
@@ -92,6 +95,11 @@ class AgentPlugin:
       stores), ``False`` turns them off.
     * ``secrets``: values to redact by value wherever they appear (events, records, logs,
       errors), beside the configured key and URL passwords, which are always redacted.
+    * ``outputs``: output types by name (``{"ticket": Ticket}``, or an
+      :class:`~agent_plugin.output.Output` for a mode, retries or validators), which a
+      background run names (``enqueue(prompt, output="ticket")``, ``"output": "ticket"`` in
+      ``POST {prefix}/runs``); the run's record then holds its output as JSON, and the run
+      routes' OpenAPI schema documents them. Also :meth:`output`.
     """
 
     def __init__(
@@ -117,6 +125,7 @@ class AgentPlugin:
         health: AgentHealth | None = None,
         jobs: JobOptions | bool | None = None,
         secrets: Iterable[str] = (),
+        outputs: Mapping[str, OutputType[Any] | Output[Any]] | None = None,
     ) -> None:
         self._tools: list[Tool] = list(tools)
         self._toolsets: list[Toolset] = list(toolsets)
@@ -146,6 +155,9 @@ class AgentPlugin:
         self.secrets = tuple(secrets)
         """Values redacted by value wherever they appear, beside the configured API key and the
         passwords of the configured URLs (a token a tool uses, say)."""
+        self._outputs: dict[str, Output[Any]] = {}
+        for name, output in (outputs or {}).items():
+            self.output(name, output)
 
     def __repr__(self) -> str:
         names = sorted(getattr(t, "name", "?") for t in self._tools)
@@ -163,6 +175,11 @@ class AgentPlugin:
         return list(self._hooks)
 
     @property
+    def registered_outputs(self) -> dict[str, Output[Any]]:
+        """The output types a run may name, by name."""
+        return dict(self._outputs)
+
+    @property
     def overrides(self) -> dict[str, Any]:
         """The settings overrides given to :meth:`configure` as keywords."""
         return dict(self._overrides)
@@ -175,6 +192,27 @@ class AgentPlugin:
     def tools(self, tools: Iterable[Tool]) -> AgentPlugin:
         """Register several tools."""
         self._tools.extend(tools)
+        return self
+
+    def output(self, name: str, output_type: OutputType[Any] | Output[Any]) -> AgentPlugin:
+        """Register an output type under ``name`` (a letter, then up to 63 letters, digits,
+        ``_``, ``.`` or ``-``): a type, or an :class:`~agent_plugin.output.Output` with its
+        mode, retries and validators. A bad name or type is a ``config`` error now."""
+        if not isinstance(name, str) or re.fullmatch(OUTPUT_NAME_PATTERN, name) is None:
+            raise AgentError.config(
+                f"an output name must be a letter, then up to 63 letters, digits, '_', '.' or "
+                f"'-', got {name!r}"
+            )
+        if name in self._outputs:
+            raise AgentError.config(f"an output named {name!r} is registered already")
+        try:
+            built = output_type if isinstance(output_type, Output) else Output(output_type)
+        except AgentError as error:
+            problem = error.message.removeprefix("output: ")
+            raise AgentError.config(f"output {name!r}: {problem}") from None
+        if not built.typed:
+            raise AgentError.config(f"output {name!r} is plain text: register a type instead")
+        self._outputs[name] = built
         return self
 
     def hook(self, hook: AgentHooks) -> AgentPlugin:
@@ -275,6 +313,7 @@ class AgentPlugin:
             auto_migrate=self.auto_migrate,
             secrets=self.secrets,
             environ=dict(self._environ) if self._environ is not None else None,
+            outputs=dict(self._outputs),
         )
 
     def check_always_on(self) -> None:
@@ -516,4 +555,5 @@ class AgentPlugin:
             runs_route=runs_route,
             console=console,
             body_limit=body_limit,
+            outputs=self._outputs,
         )

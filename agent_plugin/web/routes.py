@@ -5,19 +5,34 @@ them for clients."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Annotated, Any, Final
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Body, Header, Path, Query, Response
 from fastapi.params import Depends as DependsParam
 from fastapi.responses import HTMLResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    JsonValue,
+    TypeAdapter,
+    WithJsonSchema,
+    create_model,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
+from agent_plugin.events import OutcomeSummary
 from agent_plugin.jobs import RunHandle
 from agent_plugin.jobs.args import RUN_ID_PATTERN
 from agent_plugin.live import parse_event_id
 from agent_plugin.outcomes import ApprovalDecision
+from agent_plugin.output import Output
 from agent_plugin.records import RunPage, RunRecord, RunStatus
 from agent_plugin.text import storable, unstorable
 from agent_plugin.tools import Tool, ToolEffect
@@ -93,7 +108,8 @@ RunIdPath = Annotated[
 
 
 class RunRequest(BaseModel):
-    """The body of ``POST {prefix}/runs``: a task to run in the background."""
+    """The body of ``POST {prefix}/runs``: a task to run in the background (and, with output
+    types registered, ``output``: the name of the one the run must produce)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -134,6 +150,7 @@ def agent_router(
     runs_route: bool = False,
     console: bool = False,
     body_limit: int = DEFAULT_BODY_LIMIT,
+    outputs: Mapping[str, Output[Any]] | None = None,
 ) -> APIRouter:
     """The agent routes under ``prefix``, all behind ``dependencies``.
 
@@ -146,12 +163,16 @@ def agent_router(
     * ``GET {prefix}/runs/{run_id}``: the run's record; 404 for an unknown id.
     * ``POST {prefix}/runs/{run_id}/decisions``: decisions for a paused run's calls; 202 with
       the run's handle, the resume queued; 409 when not accepted.
-    * ``POST {prefix}/runs`` (``runs_route``): ``{"prompt", "session"?}`` starts a run; 202.
+    * ``POST {prefix}/runs`` (``runs_route``): ``{"prompt", "session"?, "output"?}`` starts a
+      run (``output`` names one of ``outputs``); 202.
     * ``GET {prefix}/runs/{run_id}/events``: the run's events as Server-Sent Events, after
       ``Last-Event-ID`` (header, or the ``last_event_id`` query parameter); ``?follow=true``
       goes on through pauses; 204 when the client has seen the end already.
     * ``POST {prefix}/runs/{run_id}/cancel`` and ``POST {prefix}/runs/{run_id}/messages``.
     * ``GET {prefix}/console/{run_id}`` (``console``): the run console page.
+
+    With ``outputs`` (the registered output types, by name), a record's ``outcome.output``
+    is documented as one of them (or the text of a text run).
 
     Every error is problem details (``application/problem+json``): request validation (422),
     a body over ``body_limit`` bytes (413) and every :class:`~agent_plugin.errors.AgentError`.
@@ -174,7 +195,7 @@ def agent_router(
         return [ToolInfo.of(t) for t in agent.agent().tools]
 
     if background:
-        _add_run_routes(router, runs_route=runs_route)
+        _add_run_routes(router, runs_route=runs_route, outputs=outputs or {})
         _add_live_routes(router, console=console, prefix=prefix)
     allow_every_method_of_a_path(router)
     return router
@@ -185,10 +206,69 @@ def _accepted(response: Response, handle: RunHandle) -> RunHandle:
     return handle
 
 
-def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
+class _DocumentedAs:
+    """A JSON value documented in the schema as ``tp`` (validated as any JSON value)."""
+
+    def __init__(self, tp: Any) -> None:
+        self.tp = tp
+
+    def __get_pydantic_json_schema__(
+        self, _core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return handler(TypeAdapter(self.tp).core_schema)
+
+
+def _typed_models(
+    outputs: Mapping[str, Output[Any]],
+) -> tuple[type[RunRecord], type[RunPage], type[RunRequest]]:
+    """The record, page and request models of the routes: with outputs registered, a
+    record's ``outcome.output`` is documented as one of them (or a text run's text) and a
+    request's ``output`` as one of their names."""
+    if not outputs:
+        return RunRecord, RunPage, RunRequest
+    members: list[Any] = []
+    for output in outputs.values():
+        kinds = output.output_type
+        for kind in kinds if isinstance(kinds, list | tuple) else [kinds]:
+            if kind not in members:
+                members.append(kind)
+    documented: Any = typing.Union.__getitem__((*members, str, None))
+    summary = create_model(
+        "OutcomeSummary",
+        __base__=OutcomeSummary,
+        __doc__=OutcomeSummary.__doc__,
+        output=(Annotated[JsonValue, _DocumentedAs(documented)], None),
+    )
+    record = create_model(
+        "RunRecord",
+        __base__=RunRecord,
+        __doc__=RunRecord.__doc__,
+        outcome=(summary | None, None),
+    )
+    page = create_model(
+        "RunPage", __base__=RunPage, __doc__=RunPage.__doc__, runs=(list[record], ...)
+    )
+    names = Literal[tuple(sorted(outputs))]  # type: ignore[valid-type]
+    request = create_model(
+        "RunRequest",
+        __base__=RunRequest,
+        __doc__=RunRequest.__doc__,
+        output=(
+            names | None,
+            Field(default=None, description="The output type the run must produce (default: text)"),
+        ),
+    )
+    return record, page, request
+
+
+def _add_run_routes(
+    router: APIRouter, *, runs_route: bool, outputs: Mapping[str, Output[Any]]
+) -> None:
+    record_model, page_model, request_model = _typed_models(outputs)
+
     @router.get(
         "/runs",
-        response_model=RunPage,
+        response_model=page_model,
         summary="Background runs, newest first, a page at a time",
         responses=problem_responses(422, 503),
     )
@@ -213,7 +293,7 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
 
     @router.get(
         "/runs/{run_id}",
-        response_model=RunRecord,
+        response_model=record_model,
         summary="A background run's status, progress and outcome",
         responses=problem_responses(404, 422, 503),
     )
@@ -237,13 +317,6 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
 
     if runs_route:
 
-        @router.post(
-            "/runs",
-            status_code=202,
-            response_model=RunHandle,
-            summary="Start a background run",
-            responses=problem_responses(400, 409, 413, 422, 503),
-        )
         async def start_run(
             body: RunRequest,
             agent: AgentHandle,
@@ -260,9 +333,21 @@ def _add_run_routes(router: APIRouter, *, runs_route: bool) -> None:
             ] = None,
         ) -> Any:
             handle = await agent.enqueue(
-                body.prompt, session=body.session, idempotency_key=idempotency_key
+                body.prompt,
+                session=body.session,
+                output=getattr(body, "output", None),
+                idempotency_key=idempotency_key,
             )
             return _accepted(response, handle)
+
+        start_run.__annotations__["body"] = request_model  # its output: a registered name
+        router.post(
+            "/runs",
+            status_code=202,
+            response_model=RunHandle,
+            summary="Start a background run",
+            responses=problem_responses(400, 409, 413, 422, 503),
+        )(start_run)
 
 
 def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
