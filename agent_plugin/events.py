@@ -196,8 +196,8 @@ class TurnEnded(_Event):
 class OutcomeSummary(BaseModel):
     """How a run ended, safe to publish: no transcript, tool arguments redacted.
 
-    ``output`` is a completed run's output as JSON (by alias, so the output type validates
-    it back); for a plain-text run, the text.
+    ``output`` is a typed run's output as JSON (by alias, so the output type validates it
+    back); ``None`` when the answer is text (``text`` holds it).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -216,7 +216,9 @@ class OutcomeSummary(BaseModel):
     def of(cls, outcome: AgentOutcome) -> OutcomeSummary:
         summary = cls(status=outcome.status, steps_used=outcome.steps_used, usage=outcome.usage)
         if isinstance(outcome, Completed):
-            output = to_jsonable_python(outcome.output, by_alias=True)
+            value = outcome.output
+            text = isinstance(value, str) and value == outcome.text
+            output = None if text else to_jsonable_python(value, by_alias=True)
             return summary.model_copy(update={"text": outcome.text, "output": output})
         if isinstance(outcome, BudgetExhausted | Cancelled | Paused):
             return summary.model_copy(update={"reason": outcome.reason})

@@ -257,6 +257,7 @@ async def test_a_text_agent_is_unchanged() -> None:
     assert agent.output is None
     done = completed((await agent.run("hi")).outcome)
     assert (done.output, done.text) == ("hello", "hello")
+    assert OutcomeSummary.of(done).output is None  # the text is the answer: no copy of it
     assert outcome_adapter.dump_python(done, mode="json") == {
         "status": "completed",
         "text": "hello",
@@ -424,6 +425,14 @@ async def test_the_loop_guard_sees_the_same_rejected_answer() -> None:
     assert isinstance(turn.outcome, LoopDetected)
     assert turn.outcome.repeats == 3
     assert "[harness] You gave this same answer 2 times" in turn.messages[4].text
+
+
+async def test_the_loop_guard_sees_the_same_rejected_final_result() -> None:
+    model = ScriptedModel(default=tool_call("final_result", {"title": "x"}))
+    guard = LoopGuard(warn_after=2, stop_after=3)
+    turn = await Agent(model, output_type=Ticket, output_retries=10, loop_guard=guard).run("go")
+    assert isinstance(turn.outcome, LoopDetected)
+    assert (turn.outcome.tool, turn.outcome.repeats) == ("final_result", 3)
 
 
 async def test_the_final_result_tool_never_needs_approval() -> None:

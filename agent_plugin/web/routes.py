@@ -172,7 +172,7 @@ def agent_router(
     * ``GET {prefix}/console/{run_id}`` (``console``): the run console page.
 
     With ``outputs`` (the registered output types, by name), a record's ``outcome.output``
-    is documented as one of them (or the text of a text run).
+    is documented as one of them (``null`` for a text run).
 
     Every error is problem details (``application/problem+json``): request validation (422),
     a body over ``body_limit`` bytes (413) and every :class:`~agent_plugin.errors.AgentError`.
@@ -222,7 +222,7 @@ def _typed_models(
     outputs: Mapping[str, Output[Any]],
 ) -> tuple[type[RunRecord], type[RunPage], type[RunRequest]]:
     """The record, page and request models of the routes: with outputs registered, a
-    record's ``outcome.output`` is documented as one of them (or a text run's text) and a
+    record's ``outcome.output`` is documented as one of them (``null`` for a text run) and a
     request's ``output`` as one of their names."""
     if not outputs:
         return RunRecord, RunPage, RunRequest
@@ -232,7 +232,7 @@ def _typed_models(
         for kind in kinds if isinstance(kinds, list | tuple) else [kinds]:
             if kind not in members:
                 members.append(kind)
-    documented: Any = typing.Union.__getitem__((*members, str, None))
+    documented: Any = typing.Union.__getitem__((*members, None))
     summary = create_model(
         "OutcomeSummary",
         __base__=OutcomeSummary,
