@@ -140,15 +140,12 @@ class Agent(Generic[AgentOutputT]):
             built_in.append(MemoryTool(memory, memory_scope))
         self.tools = ToolRegistry([*tools, *built_in])
         self.output: Output[AgentOutputT] | None = None
-        if output_type is not None or output_mode or output_retries is not None:
-            from agent_plugin.output import Output
-
-            self.output = Output.of(output_type, output_mode, output_retries, output_validators)
-        elif output_validators:
-            from agent_plugin.output import Output
-
-            self.output = Output.of(str, None, None, output_validators)  # type: ignore[arg-type]
         """What a run must produce (``None``: plain text, no validators)."""
+        validators = tuple(output_validators)
+        if output_type is not None or output_mode or output_retries is not None or validators:
+            from agent_plugin.output import Output
+
+            self.output = Output.of(output_type, output_mode, output_retries, validators)
         reserved = self.output.tool_names() if self.output is not None else frozenset()
         for name in sorted(reserved & set(self.tools.names())):
             raise AgentError.config(f"a tool named {name!r} would hide the final-result tool")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Generic, Literal, TypeAlias
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
-from pydantic_core import from_json, to_json, to_jsonable_python
+from pydantic_core import from_json, to_json
 from typing_extensions import TypeForm, TypeVar
 
 from agent_plugin.errors import AgentError
@@ -416,8 +416,8 @@ class Output(Generic[T]):
         return self._instructions
 
     def tool_names(self) -> frozenset[str]:
-        """The names of the final-result tools (whatever the mode: they stay reserved)."""
-        return frozenset(c.tool for c in self.choices)
+        """The names of the final-result tools offered to the model (tool mode)."""
+        return frozenset(definition.name for definition in self.tool_definitions)
 
     def json_schema(self) -> dict[str, JsonValue] | None:
         """The JSON Schema of the value the run produces, or ``None`` for plain text."""
@@ -426,11 +426,6 @@ class Output(Generic[T]):
         if len(self.choices) == 1:
             return self.choices[0].schema
         return {"anyOf": [c.schema for c in self.choices]}
-
-    def dump(self, value: Any) -> JsonValue:
-        """``value`` as JSON data, by alias (what a record holds; ``T`` validates it back)."""
-        jsonable: JsonValue = to_jsonable_python(value, by_alias=True)
-        return jsonable
 
     def _text_schema(self, typed: list[Any]) -> dict[str, JsonValue]:
         """What a native or prompted reply's JSON must be: the one object type itself,
