@@ -54,7 +54,6 @@ from agent_plugin.agent import Agent
 from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import Completed
 from agent_plugin.providers.anthropic import AnthropicClient
-from agent_plugin.providers.lean import LeanTransport
 from agent_plugin.providers.openai import OpenAICompatibleClient
 from agent_plugin.tools import FnTool
 from benchmarks import baseline
@@ -89,8 +88,6 @@ def make_transport(kind: str) -> httpx.AsyncBaseTransport | None:
         from httpx_aiohttp import AiohttpTransport
 
         return AiohttpTransport(limits=httpx.Limits(max_connections=1000))
-    if kind == "lean":
-        return LeanTransport(max_connections=1000)
     raise ValueError(f"unknown transport {kind!r}")
 
 
@@ -353,7 +350,6 @@ def s3(
     ]
     if has_aiohttp_transport():
         variants += ["ours:openai:aiohttp", "baseline:openai:aiohttp"]
-    variants += ["ours:openai:lean", "baseline:openai:lean"]
     if quick:
         variants = [v for v in variants if ":openai:" in v and not v.endswith(":pool")]
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}

@@ -55,6 +55,7 @@ from agent_plugin.providers.base import (
     StreamEvent,
     merge_extra_body,
 )
+from agent_plugin.providers.engines import DEFAULT_LIMITS
 from agent_plugin.providers.http import (
     EncodedCache,
     HttpTransport,
@@ -156,7 +157,8 @@ class AnthropicClient:
     request (their beta flags go in the ``anthropic-beta`` header). The key goes out in
     ``x-api-key`` only and never appears in ``repr`` or in an error; it is required for
     ``api.anthropic.com`` (a Config error otherwise), not for other base URLs (a proxy, a test
-    server).
+    server). ``transport`` and ``limits`` as for
+    :class:`~agent_plugin.providers.openai.OpenAICompatibleClient`.
     """
 
     def __init__(
@@ -170,6 +172,7 @@ class AnthropicClient:
         server_tools: Sequence[ServerTool] = (),
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen value object
         transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits = DEFAULT_LIMITS,
     ) -> None:
         require_key(PROVIDER, base_url, api_key)
         self.model = model
@@ -190,6 +193,7 @@ class AnthropicClient:
             retry=retry,
             secret=self._api_key,
             transport=transport,
+            limits=limits,
         )
         self._server_tools = [tool.wire() for tool in self.server_tools]
         # encodings of the frozen messages and tool tuples this client has sent, unmarked; the

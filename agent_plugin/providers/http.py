@@ -1,4 +1,4 @@
-"""HTTP plumbing shared by the wire clients: one pooled httpx client, errors, SSE, retries.
+"""HTTP plumbing shared by the wire clients: one pooled transport, errors, SSE, retries.
 
 Also the small pieces both wire clients need in the same form: :func:`loads` (JSON text to a
 value, or a Decode error), :func:`json_text`, :func:`needs_api_key` / :func:`require_key`,
@@ -15,6 +15,7 @@ import codecs
 import contextlib
 import json
 import re
+import sys
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from typing import Any, Final, TypeVar
 import httpx
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
+from agent_plugin.providers.engines import DEFAULT_LIMITS, Engine, HttpxEngine, Opened
 from agent_plugin.providers.failures import failure_kind, failure_note
-from agent_plugin.providers.proxies import environment_proxy
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_after, retry_call
 from agent_plugin.redaction import REDACTED, scrub
 
@@ -330,15 +331,18 @@ async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
 
 
 class HttpTransport:
-    """One pooled httpx transport for one provider, with retries and typed errors.
+    """One pooled connection pool for one provider, with retries and typed errors.
 
-    Requests go to the :class:`httpx.AsyncBaseTransport` directly, not through an
+    Requests go to an :class:`~agent_plugin.providers.engines.Engine`, never through an
     :class:`httpx.AsyncClient`: a provider call needs none of the client's layers (cookies,
     auth flows, redirects, base-URL merging), and they cost more CPU per request than the
-    rest of a step. Without a ``transport`` it is httpx's own, through the proxy the
-    environment names for ``base_url`` (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``,
-    ``NO_PROXY``), as an ``AsyncClient`` would choose. A given ``transport`` is used as it is
-    (httpx ignores the environment's proxies then, too).
+    rest of a step. Without a ``transport`` it is the default one
+    (:func:`~agent_plugin.providers.aiohttp_engine.default_transport`: aiohttp behind
+    httpx-aiohttp's transport, a pool of ``limits``, certificates checked, through the proxy
+    the environment names for ``base_url``: ``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``,
+    ``NO_PROXY``). A given ``transport`` is used as it is (httpx ignores the environment's
+    proxies then, too): an ``httpx_aiohttp.AiohttpTransport`` is sent through its aiohttp
+    session directly, any other httpx transport gets :class:`httpx.Request` objects.
 
     Every failure leaves as an :class:`AgentError`: a non-2xx status is classified by
     :meth:`ErrorKind.from_http_status` with the provider's name, the status, ``Retry-After`` and
@@ -358,6 +362,7 @@ class HttpTransport:
         retry: RetryPolicy,
         secret: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits = DEFAULT_LIMITS,
     ) -> None:
         self.provider = provider
         try:
@@ -374,27 +379,30 @@ class HttpTransport:
         self.base_url = str(url)
         self.retry = retry
         self._secret = secret
-        self._transport = (
-            transport
-            if transport is not None
-            else httpx.AsyncHTTPTransport(proxy=environment_proxy(url))
-        )
+        if transport is None:
+            from agent_plugin.providers.aiohttp_engine import default_transport
+
+            transport = default_transport(self.base_url, limits=limits)
         post = httpx.Headers(common)
         post["content-type"] = "application/json"
         sse = httpx.Headers(post)
         sse["accept"] = "text/event-stream"
-        self._headers = {"GET": common, "POST": post, "SSE": sse}
-        self._extensions = {"timeout": httpx.Timeout(timeout).as_dict()}
-        self._urls: dict[str, httpx.URL] = {}
+        kinds = {"GET": common, "POST": post, "SSE": sse}
+        self._engine = _engine_for(transport, self.base_url, kinds, timeout)
         self._closed = False
 
     def __repr__(self) -> str:
         return f"HttpTransport(provider={self.provider!r}, base_url={self.base_url!r})"
 
+    @property
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """The httpx transport the requests go through (the default one, or the one given)."""
+        return self._engine.transport
+
     async def aclose(self) -> None:
         """Close the pooled connections; requests after this fail."""
         self._closed = True
-        await self._transport.aclose()
+        await self._engine.aclose()
 
     async def get_json(
         self,
@@ -446,16 +454,20 @@ class HttpTransport:
         :func:`contextlib.aclosing`) to free the connection at once.
         """
         content = _encode(body)
-        response = await self._send(self._request("POST", path, content, "SSE"))
-        if not response.is_success:
+        self._check_open()
+        try:
+            response = await self._engine.open("POST", path, "SSE", content)
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from None
+        if not 200 <= response.status < 300:
             try:
-                text = (await response.aread()).decode("utf-8", "replace")
+                text = _text(await response.read(), response.headers)
             except httpx.HTTPError as exc:
                 raise self._transport_error(exc) from None
             finally:
                 await response.aclose()
-            raise self._status_error(response.status_code, text, response.headers)
-        lines = sse_lines(response.aiter_bytes())
+            raise self._status_error(response.status, text, response.headers)
+        lines = sse_lines(response.chunks())
         events = iter_sse(lines)
         try:
             while True:
@@ -474,52 +486,30 @@ class HttpTransport:
         finally:
             await _close_stream(response, lines, events)
 
-    def _url(self, path: str) -> httpx.URL:
-        """The absolute URL of ``path``, parsed once (httpx parses a string on every request)."""
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = httpx.URL(self.base_url + path)
-        return url
-
-    def _request(self, method: str, path: str, content: bytes | None, kind: str) -> httpx.Request:
-        return httpx.Request(
-            method,
-            self._url(path),
-            headers=self._headers[kind],
-            content=content,
-            extensions=self._extensions,
-        )
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
+    def _check_open(self) -> None:
         if self._closed:
             raise AgentError(
                 ErrorKind.INTERNAL, f"the {self.provider} client is closed", provider=self.provider
             )
-        try:
-            return await self._transport.handle_async_request(request)
-        except httpx.HTTPError as exc:
-            raise self._transport_error(exc) from None
 
     async def _request_json(self, method: str, path: str, content: bytes | None) -> Any:
-        response = await self._send(self._request(method, path, content, method))
+        self._check_open()
         try:
-            data = await response.aread()
+            status, headers, data = await self._engine.exchange(method, path, method, content)
         except httpx.HTTPError as exc:
             raise self._transport_error(exc) from None
-        finally:
-            await response.aclose()
-        if not response.is_success:
-            raise self._status_error(response.status_code, response.text, response.headers)
+        if not 200 <= status < 300:
+            raise self._status_error(status, _text(data, headers), headers)
         try:
             return json.loads(data)
         except _JSON_ERRORS as exc:
-            text = scrub(response.text.strip(), self._secret)
+            text = scrub(_text(data, headers).strip(), self._secret)
             raise AgentError(
                 ErrorKind.DECODE,
-                f"{self.provider} answered {response.status_code} with a body that is not JSON"
+                f"{self.provider} answered {status} with a body that is not JSON"
                 f" ({exc}): {text[:BODY_LIMIT]}",
                 provider=self.provider,
-                status=response.status_code,
+                status=status,
                 body=text,
             ) from None
 
@@ -591,13 +581,44 @@ async def _drain(events: AsyncGenerator[SseEvent, None]) -> None:
 
 
 async def _close_stream(
-    response: httpx.Response,
+    response: Opened,
     lines: AsyncGenerator[str, None],
     events: AsyncGenerator[SseEvent, None],
 ) -> None:
     await events.aclose()
     await lines.aclose()
     await response.aclose()
+
+
+def _text(body: bytes, headers: Mapping[str, str]) -> str:
+    """An answer's body as text: in the charset its content type names, else UTF-8 (a byte
+    that does not decode becomes U+FFFD)."""
+    _, _, params = headers.get("content-type", "").partition(";")
+    charset = "utf-8"
+    for param in params.split(";"):
+        name, _, value = param.strip().partition("=")
+        if name.lower() == "charset" and value:
+            charset = value.strip("\"' ")
+    try:
+        return body.decode(charset, "replace")
+    except LookupError:
+        return body.decode("utf-8", "replace")
+
+
+def _engine_for(
+    transport: httpx.AsyncBaseTransport,
+    base_url: str,
+    headers: Mapping[str, Mapping[str, str]],
+    timeout: float,
+) -> Engine:
+    """The engine for ``transport``: its aiohttp session for an httpx-aiohttp transport (such
+    a transport exists only once httpx_aiohttp was imported), httpx's requests otherwise."""
+    module = sys.modules.get("httpx_aiohttp")
+    if module is not None and isinstance(transport, module.AiohttpTransport):
+        from agent_plugin.providers.aiohttp_engine import AiohttpEngine
+
+        return AiohttpEngine(transport, base_url, headers, timeout)
+    return HttpxEngine(transport, base_url, headers, timeout)
 
 
 # A secret cut short by a length limit leaves its first characters at the end of a text; this many

@@ -61,6 +61,7 @@ from agent_plugin.providers.base import (
     ToolCallStarted,
     merge_extra_body,
 )
+from agent_plugin.providers.engines import DEFAULT_LIMITS
 from agent_plugin.providers.failures import failure_kind, failure_note
 from agent_plugin.providers.http import (
     EncodedCache,
@@ -96,8 +97,10 @@ class OpenAICompatibleClient:
     ``repr``, errors or logs. It is required for ``api.openai.com`` (a Config error otherwise);
     local servers (Ollama, vLLM, llama.cpp) usually need none. ``profile`` says what the
     endpoint accepts (default: the known profile of ``base_url``'s host, see
-    :func:`~agent_plugin.providers.profiles.profile_for`). ``transport`` replaces httpx's
-    network transport (tests, proxies).
+    :func:`~agent_plugin.providers.profiles.profile_for`). Requests go through
+    :func:`~agent_plugin.providers.default_transport` (aiohttp, a pool of ``limits``, the
+    environment's proxy) unless ``transport`` gives another httpx transport (httpx's own for
+    HTTP/2, a test's ``MockTransport``).
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class OpenAICompatibleClient:
         profile: EndpointProfile | None = None,
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen, so sharing is safe
         transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits = DEFAULT_LIMITS,
     ) -> None:
         require_key(PROVIDER, base_url, api_key)
         self.model = model
@@ -124,6 +128,7 @@ class OpenAICompatibleClient:
             retry=retry,
             secret=self._api_key,
             transport=transport,
+            limits=limits,
         )
         # encodings of the frozen messages and tool tuples this client has sent (with and
         # without strict schemas)
