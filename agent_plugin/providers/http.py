@@ -2,9 +2,9 @@
 
 Also the small pieces both wire clients need in the same form: :func:`loads` (JSON text to a
 value, or a Decode error), :func:`json_text`, :func:`needs_api_key` / :func:`require_key`,
-:func:`model_ids`, :func:`sse_lines`, and the request encoding: :func:`encode_json` with
-:class:`RawJson` splices JSON encoded earlier into a body, and :class:`EncodedCache` keeps such
-encodings per object.
+:func:`model_ids` and :func:`sse_lines`. How a body becomes bytes is
+:mod:`~agent_plugin.providers.encoding`; how bytes reach the network,
+:mod:`~agent_plugin.providers.engines`.
 """
 
 from __future__ import annotations
@@ -16,27 +16,22 @@ import contextlib
 import json
 import re
 import sys
-from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import httpx
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
+from agent_plugin.providers.encoding import dumps
 from agent_plugin.providers.engines import DEFAULT_LIMITS, Engine, HttpxEngine, Opened
 from agent_plugin.providers.failures import failure_kind, failure_note
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_after, retry_call
 from agent_plugin.redaction import REDACTED, scrub
 
 __all__ = [
-    "EncodedCache",
     "HttpTransport",
-    "RawJson",
     "SseEvent",
-    "compact_json",
-    "dumps",
-    "encode_json",
     "iter_sse",
     "json_text",
     "loads",
@@ -45,8 +40,6 @@ __all__ = [
     "require_key",
     "sse_lines",
 ]
-
-_K = TypeVar("_K")
 
 _JSON_ERRORS: Final = (ValueError, RecursionError)  # RecursionError: absurdly deep nesting
 
@@ -73,132 +66,6 @@ def json_text(value: object) -> str:
         return json.dumps(value, ensure_ascii=False)
     except (TypeError, *_JSON_ERRORS):
         return repr(value)
-
-
-# The one request encoding: compact, UTF-8 as is (not \u-escaped). A prepared encoder skips
-# building one per call, which json.dumps does whenever an option differs from its defaults.
-_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
-def compact_json(value: object) -> str:
-    """``value`` as request JSON text: compact separators, non-ASCII characters as they are."""
-    try:
-        return _ENCODER.encode(value)
-    except (TypeError, ValueError) as error:
-        raise _unsendable(error) from None
-
-
-def dumps(value: object) -> bytes:
-    """``value`` as request JSON: :func:`compact_json` in UTF-8."""
-    try:
-        return _ENCODER.encode(value).encode()
-    except (TypeError, ValueError) as error:  # a non-JSON value, NaN, a lone surrogate
-        raise _unsendable(error) from None
-
-
-def _unsendable(error: Exception) -> AgentError:
-    return AgentError.config(f"the request cannot be sent as JSON: {error}")
-
-
-@dataclass(frozen=True, slots=True)
-class RawJson:
-    """JSON encoded earlier by :func:`dumps`, for :func:`encode_json` to splice in verbatim."""
-
-    data: bytes
-
-
-def encode_json(body: Mapping[str, Any]) -> bytes:
-    """``body`` as request JSON, with every top-level :class:`RawJson` value spliced in as is.
-
-    The bytes are those :func:`dumps` gives for ``body`` with each ``RawJson`` replaced by the value
-    it encodes, keys in the same order; the other values are encoded in runs, one
-    :func:`dumps` per run of consecutive keys.
-    """
-    out: list[bytes] = [b"{"]
-    run: dict[str, Any] = {}
-    for key, value in body.items():
-        if type(value) is not RawJson:
-            run[key] = value
-            continue
-        if run:
-            out += (dumps(run)[1:-1], b",")
-            run = {}
-        out += (dumps(key), b":", value.data, b",")
-    if run:
-        out.append(dumps(run)[1:-1])
-    elif len(out) > 1:
-        out.pop()  # the comma after the last spliced value
-    out.append(b"}")
-    return b"".join(out)
-
-
-class EncodedCache:
-    """Encodings of immutable objects (frozen messages, tuples of tool definitions), by identity.
-
-    An entry keeps its object alive, so the object's ``id`` cannot be reused while the entry
-    exists, and :meth:`get` checks identity anyway. Bounded both in entries and in encoded bytes:
-    the least recently used entries go first, and an encoding larger than the whole byte budget
-    is not kept. Equal but distinct objects get entries of their own. The defaults hold an agent's
-    long history, or a few hundred concurrent short runs. Each client has its own; not
-    thread-safe (one event loop uses a client).
-    """
-
-    def __init__(self, *, max_entries: int = 4096, max_bytes: int = 32 * 1024 * 1024) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[int, tuple[object, bytes]] = OrderedDict()
-        self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def size(self) -> int:
-        """The encoded bytes held."""
-        return self._bytes
-
-    def clear(self) -> None:
-        """Drop every entry (and the references to their objects)."""
-        self._entries.clear()
-        self._bytes = 0
-
-    def get(self, key: object) -> bytes | None:
-        """The encoding stored for this very object, or None."""
-        entry = self._entries.get(id(key))
-        if entry is None or entry[0] is not key:
-            return None
-        self._entries.move_to_end(id(key))
-        return entry[1]
-
-    def encodings(self, keys: Iterable[_K], encode: Callable[[_K], bytes]) -> list[bytes]:
-        """The encoding of each key in order: stored ones reused, missing ones made by
-        ``encode`` and stored (:meth:`get` and :meth:`put` in one loop, for long histories)."""
-        entries = self._entries
-        touch = entries.move_to_end
-        out: list[bytes] = []
-        for key in keys:
-            entry = entries.get(id(key))
-            if entry is not None and entry[0] is key:
-                touch(id(key))
-                out.append(entry[1])
-            else:
-                data = encode(key)
-                self.put(key, data)
-                out.append(data)
-        return out
-
-    def put(self, key: object, data: bytes) -> None:
-        """Store ``data`` for ``key``; the least recently used entries beyond the bounds go."""
-        if len(data) > self.max_bytes:
-            return
-        old = self._entries.pop(id(key), None)
-        if old is not None:
-            self._bytes -= len(old[1])
-        self._entries[id(key)] = (key, data)
-        self._bytes += len(data)
-        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-            _, (_, evicted) = self._entries.popitem(last=False)
-            self._bytes -= len(evicted)
 
 
 def needs_api_key(base_url: str) -> bool:

@@ -645,7 +645,7 @@ async def test_server_scripts_answers_from_the_request_and_flags_unplanned_ones(
 
 
 def test_a_request_that_is_not_json_is_a_typed_error() -> None:
-    from agent_plugin.providers.http import dumps
+    from agent_plugin.providers.encoding import dumps
 
     for bad in ({"x": {1, 2}}, {"text": "\ud800 lone surrogate"}):
         with pytest.raises(AgentError) as caught:
