@@ -17,7 +17,7 @@ uses it, not with ``import agent_plugin``.
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Final
 
 import aiohttp
@@ -125,38 +125,39 @@ class AiohttpEngine:
             session = self._session = client
         return session
 
-    async def _send(
+    def _request(
         self, method: str, path: str, kind: str, body: bytes | None
-    ) -> aiohttp.ClientResponse:
+    ) -> Awaitable[aiohttp.ClientResponse]:
         url = self._urls.get(path)
         if url is None:
             url = self._urls[path] = URL(self._base_url + path)
-        try:
-            return await self._client().request(
-                method,
-                url,
-                headers=self._headers[kind],
-                data=body,
-                allow_redirects=False,
-                timeout=self._timeout,
-                proxy=self._proxy,
-                proxy_headers=self._proxy_headers,
-            )
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise http_error(exc) from exc
+        return self._client().request(
+            method,
+            url,
+            headers=self._headers[kind],
+            data=body,
+            allow_redirects=False,
+            timeout=self._timeout,
+            proxy=self._proxy,
+            proxy_headers=self._proxy_headers,
+        )
 
     async def exchange(self, method: str, path: str, kind: str, body: bytes | None) -> Reply:
-        response = await self._send(method, path, kind, body)
         try:
-            data = await response.read()
+            response = await self._request(method, path, kind, body)
+            try:
+                data = await response.read()
+            finally:
+                response.release()
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise http_error(exc) from exc
-        finally:
-            response.release()
         return Reply(response.status, response.headers, data)
 
     async def open(self, method: str, path: str, kind: str, body: bytes | None) -> _Opened:
-        return _Opened(await self._send(method, path, kind, body))
+        try:
+            return _Opened(await self._request(method, path, kind, body))
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise http_error(exc) from exc
 
     async def aclose(self) -> None:
         await self.transport.aclose()

@@ -21,6 +21,7 @@ from typing import Any, Final, Generic, TypeVar
 from agent_plugin.errors import AgentError
 
 __all__ = [
+    "MESSAGE_COST",
     "EncodedCache",
     "EncodedPrefix",
     "EncodedPrefixes",
@@ -31,6 +32,10 @@ __all__ = [
 ]
 
 M = TypeVar("M")
+
+MESSAGE_COST: Final = 1024
+"""About what a message object costs in memory (a frozen model, its parts and their fields): an
+:class:`EncodedPrefixes` entry keeps its messages alive, and counts them at this size."""
 
 
 def _not_json(value: object) -> object:
@@ -178,8 +183,9 @@ class EncodedPrefix(Generic[M]):
 
     @property
     def size(self) -> int:
-        """What the entry holds, in bytes: its encoding and a reference per message."""
-        return len(self.data) + 8 * len(self.messages)
+        """The memory the entry keeps, roughly: its encoding and the message objects it keeps
+        alive (:data:`MESSAGE_COST` each)."""
+        return len(self.data) + MESSAGE_COST * len(self.messages)
 
 
 class EncodedPrefixes(Generic[M]):
@@ -191,15 +197,18 @@ class EncodedPrefixes(Generic[M]):
     request does not grow with the conversation. The entry of a prefix is replaced by the
     entry of the longer list, so a conversation holds one entry; one that forks from an
     earlier point is encoded afresh, as is a list whose head changed (history truncated, a
-    message replaced). Bounded in entries and bytes, least recently used first. Messages must
-    be immutable: a message's content edited in place after it was sent is not noticed.
+    message replaced). Bounded in entries and in bytes (the encodings and the messages they
+    keep alive), least recently used first: a conversation in progress uses its entry at
+    every step, so finished ones go first. The defaults hold a thousand conversations, or
+    about 32 MiB of them. Messages must be immutable: a message's content edited in place
+    after it was sent is not noticed.
     """
 
     def __init__(
         self,
         encode: Callable[[M], bytes],
         *,
-        max_entries: int = 4096,
+        max_entries: int = 1024,
         max_bytes: int = 32 * 1024 * 1024,
     ) -> None:
         self.max_entries = max_entries

@@ -26,7 +26,7 @@ from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
 from agent_plugin.providers.encoding import dumps
 from agent_plugin.providers.engines import DEFAULT_LIMITS, Engine, HttpxEngine, Opened
 from agent_plugin.providers.failures import failure_kind, failure_note
-from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_after, retry_call
+from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_after, retry_failed
 from agent_plugin.redaction import REDACTED, scrub
 
 __all__ = [
@@ -279,12 +279,7 @@ class HttpTransport:
         on_retry: Callable[[RetryNotice], None] | None = None,
     ) -> Any:
         """The JSON body of a GET, retried like :meth:`post_json`."""
-        return await retry_call(
-            lambda: self._request_json("GET", path, None),
-            self.retry,
-            deadline=deadline,
-            on_retry=on_retry,
-        )
+        return await self._json("GET", path, None, deadline, on_retry)
 
     async def post_json(
         self,
@@ -300,13 +295,28 @@ class HttpTransport:
         (event-loop time) stops retrying when the next wait would pass it; ``on_retry`` hears of
         each retry.
         """
-        content = _encode(body)
-        return await retry_call(
-            lambda: self._request_json("POST", path, content),
-            self.retry,
-            deadline=deadline,
-            on_retry=on_retry,
-        )
+        return await self._json("POST", path, _encode(body), deadline, on_retry)
+
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        content: bytes | None,
+        deadline: float | None,
+        on_retry: Callable[[RetryNotice], None] | None,
+    ) -> Any:
+        started = asyncio.get_running_loop().time()
+        try:  # the first attempt, made here: a call that succeeds builds nothing for retries
+            return await self._request_json(method, path, content)
+        except AgentError as error:
+            return await retry_failed(
+                error,
+                lambda: self._request_json(method, path, content),
+                self.retry,
+                started=started,
+                deadline=deadline,
+                on_retry=on_retry,
+            )
 
     async def post_sse(
         self, path: str, body: Mapping[str, Any] | bytes

@@ -38,6 +38,7 @@ from agent_plugin.providers import openai as openai_module
 from agent_plugin.providers.anthropic import AnthropicClient
 from agent_plugin.providers.base import ChatRequest, StreamDone
 from agent_plugin.providers.encoding import (
+    MESSAGE_COST,
     EncodedCache,
     EncodedPrefixes,
     RawJson,
@@ -557,14 +558,22 @@ def test_a_message_that_fails_to_encode_leaves_the_prefix_as_it_was() -> None:
 
 
 def test_encoded_prefixes_stay_within_their_bounds() -> None:
-    store: EncodedPrefixes[Key] = EncodedPrefixes(lambda key: b"{}", max_entries=3, max_bytes=100)
+    budget = 10 * MESSAGE_COST  # about ten message objects kept alive
+    store: EncodedPrefixes[Key] = EncodedPrefixes(
+        lambda key: b"{}", max_entries=3, max_bytes=budget
+    )
     for one in [[Key()] for _ in range(5)]:
         store.encoded(one)
     assert len(store) == 3  # the least recently used went
-    long = [Key() for _ in range(40)]  # 40 encodings and references: more than 100 bytes
+    long = [Key() for _ in range(8)]  # with the others, more than the budget holds
     store.encoded(long)
-    assert store.size <= 100
+    assert store.size <= budget
     assert store.size == sum(entry.size for entry in store._entries.values())
+    assert store.encoded(long).data == b",".join([b"{}"] * 8)
+    kept = (len(store), store.size)
+    huge = [Key() for _ in range(11)]  # more than the whole budget: encoded, not kept
+    assert store.encoded(huge).data == b",".join([b"{}"] * 11)
+    assert (len(store), store.size) == kept
     store.clear()
     assert (len(store), store.size) == (0, 0)
 
