@@ -581,8 +581,11 @@ class _Run:
                 deadline=self.deadline,
                 on_retry=self.on_retry if self.emit is not None else None,
             )
-            info = self.info()
-            for before in self.hooks.before_model:
+            hooks = self.hooks
+            # what the model hooks are told, made only when there are any (it would otherwise
+            # be one more object alive across every model call)
+            info = self.info() if hooks.before_model or hooks.after_model else None
+            for before in hooks.before_model:
                 control = await before(request, info)
                 if control is not None:
                     return self.stop(control, [])
@@ -602,7 +605,7 @@ class _Run:
             except RunCancelled:
                 return self.cancelled()
             control = None
-            for after in self.hooks.after_model:
+            for after in hooks.after_model:
                 control = await after(response, info) or control
 
             self.usage = self.usage + response.usage
