@@ -699,21 +699,29 @@ class _Run:
 
     async def consume_stream(self, request: ChatRequest) -> ChatResponse:
         emit = self.emit
-        async for event in self.agent.model.stream(request):
-            if isinstance(event, StreamDone):
-                return event.response
-            if emit is None:
-                continue
-            if isinstance(event, TextDelta):
-                emit(TextDeltaEvent(run_id=self.run_id, text=event.text))
-            elif isinstance(event, ThinkingDelta):
-                emit(ThinkingDeltaEvent(run_id=self.run_id, text=event.text))
-            elif isinstance(event, ToolCallStarted):
-                emit(
-                    ToolCallDeltaEvent(
-                        run_id=self.run_id, index=event.index, call_id=event.id, name=event.name
+        events = self.agent.model.stream(request)
+        try:
+            async for event in events:
+                if isinstance(event, StreamDone):
+                    return event.response
+                if emit is None:
+                    continue
+                if isinstance(event, TextDelta):
+                    emit(TextDeltaEvent(run_id=self.run_id, text=event.text))
+                elif isinstance(event, ThinkingDelta):
+                    emit(ThinkingDeltaEvent(run_id=self.run_id, text=event.text))
+                elif isinstance(event, ToolCallStarted):
+                    emit(
+                        ToolCallDeltaEvent(
+                            run_id=self.run_id, index=event.index, call_id=event.id, name=event.name
+                        )
                     )
-                )
+        finally:
+            # closed here, at once: left to the event loop's finalizer, an unfinished async
+            # generator costs a wake-up of the loop and a task of its own per model call
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()
         raise AgentError.decode(
             f"the {self.agent.model.provider_name} stream ended without a final response"
         )
