@@ -190,6 +190,9 @@ class _Opened:
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise http_error(exc) from exc
 
+    def complete(self) -> bool:
+        return self._response.content.is_eof()
+
     async def aclose(self) -> None:
         # back to the pool when the body was read to its end; closed otherwise
         self._response.release()

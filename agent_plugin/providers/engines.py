@@ -52,6 +52,10 @@ class Opened(Protocol):
         """The whole body (of an error answer)."""
         ...
 
+    def complete(self) -> bool:
+        """Whether the whole body has arrived (the connection can go back to the pool)."""
+        ...
+
     async def aclose(self) -> None:
         """Give the connection back to the pool (or drop it, if the body was not read)."""
         ...
@@ -147,6 +151,9 @@ class _HttpxOpened:
 
     async def read(self) -> bytes:
         return await self._response.aread()
+
+    def complete(self) -> bool:
+        return self._response.is_stream_consumed
 
     async def aclose(self) -> None:
         await self._response.aclose()

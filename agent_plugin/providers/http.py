@@ -357,8 +357,10 @@ class HttpTransport:
                 yield event
         except GeneratorExit:
             # the caller stopped reading, normally at the stream's end marker: read what is
-            # left (usually nothing) so the connection goes back to the pool, not to waste
-            await _drain(events)
+            # left of the body, if it has not all arrived, so the connection goes back to the
+            # pool, not to waste
+            if not response.complete():
+                await _drain(events)
             raise
         finally:
             await _close_stream(response, lines, events)
