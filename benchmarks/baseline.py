@@ -8,7 +8,10 @@ is written once and sends through an :class:`Http`:
   another): **the hand loop**, what a developer writes with httpx;
 * :class:`RawHttp`, HTTP/1.1 written by hand on asyncio streams, kept-alive connections and
   ``Content-Length`` bodies and nothing else (what the model server sends): **the floor loop**,
-  the least an asyncio client can do for the same conversation.
+  the least an asyncio client can do for the same conversation;
+* :class:`AiohttpHttp`, one ``aiohttp.ClientSession``: **the aiohttp floor**, the least a
+  client on the library's default engine can do (it tells the engine's cost from the
+  library's).
 
 Both encode the whole conversation for every request (``json.dumps``, as a hand loop does) and
 decode the answer with ``json.loads``; the tool is the same sync function. This is what the
@@ -29,6 +32,7 @@ __all__ = [
     "ANTHROPIC_TOOLS",
     "OPENAI_TOOLS",
     "SYSTEM",
+    "AiohttpHttp",
     "Http",
     "HttpxHttp",
     "RawHttp",
@@ -143,6 +147,45 @@ class RawHttp:
         for _, writer in self._idle:
             writer.close()
         self._idle.clear()
+
+
+class AiohttpHttp:
+    """Posts through one ``aiohttp.ClientSession`` (no httpx): the hand loop's work on the
+    library's default engine, the least a client built on aiohttp does for the conversation."""
+
+    def __init__(self, max_connections: int = 1000) -> None:
+        self.max_connections = max_connections
+        self._session: Any = None
+
+    def _client(self) -> Any:
+        if self._session is None:  # made inside the event loop that uses it
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                headers={"anthropic-version": "2023-06-01"},
+            )
+        return self._session
+
+    async def _post(self, url: str, body: dict[str, Any]) -> bytes:
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        headers = {"content-type": "application/json"}
+        async with self._client().post(url, data=data, headers=headers) as response:
+            response.raise_for_status()
+            answer: bytes = await response.read()
+        return answer
+
+    async def post_json(self, url: str, body: dict[str, Any]) -> Any:
+        return json.loads(await self._post(url, body))
+
+    async def post_lines(self, url: str, body: dict[str, Any]) -> AsyncIterator[str]:
+        for line in (await self._post(url, body)).decode().split("\n"):
+            yield line
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 async def openai_loop(

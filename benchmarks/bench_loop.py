@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import json
 import statistics
 import sys
@@ -84,14 +83,33 @@ class InstantModel:
         return None
 
 
+def bounds(n: int) -> tuple[int, int]:
+    """The tool calls around the :data:`WINDOW` steps from the one whose request held ``n``
+    messages: the request between calls i and i + 1 holds 4 + 2i messages (system, user, then
+    a call and its result per round)."""
+    start = max((n - 2) // 2 - 1, 0)
+    return start, start + WINDOW
+
+
+MARKED = frozenset(i for n in MESSAGES for i in bounds(n))
+
+
 class Clock:
-    """The tool's record of the CPU clock at each call."""
+    """The tool's record of the CPU clock at the calls in :data:`MARKED` (a few per run, so
+    reading the clock costs the steps nothing measurable)."""
 
     def __init__(self) -> None:
-        self.times: list[float] = []
+        self.times: dict[int, float] = {}
+        self.calls = 0
+
+    def reset(self) -> None:
+        self.times.clear()
+        self.calls = 0
 
     def lookup(self, arguments: Any) -> Any:
-        self.times.append(time.process_time())
+        if self.calls in MARKED:
+            self.times[self.calls] = time.process_time()
+        self.calls += 1
         return baseline.lookup(arguments)
 
 
@@ -126,16 +144,13 @@ async def hand_loop(model: InstantModel, clock: Clock) -> None:
         messages.append(ChatMessage.tool_results(results))
 
 
-def per_step(times: list[float]) -> dict[int, float]:
-    """CPU per step at each of :data:`MESSAGES`; the request of step i holds 4 + 2i messages
-    (system, user, then a call and its result per round)."""
-    steps = [b - a for a, b in itertools.pairwise(times)]
+def per_step(times: dict[int, float]) -> dict[int, float]:
+    """CPU per step at each of :data:`MESSAGES`."""
     out = {}
     for n in MESSAGES:
-        start = max((n - 2) // 2 - 1, 0)
-        window = steps[start : start + WINDOW]
-        if len(window) == WINDOW:
-            out[n] = sum(window) / WINDOW
+        start, end = bounds(n)
+        if start in times and end in times:
+            out[n] = (times[end] - times[start]) / WINDOW
     return out
 
 
@@ -152,7 +167,7 @@ async def measure(*, rounds: int = 205, repeats: int = 9) -> dict[str, Any]:
     async def once(who: str) -> dict[int, float]:
         model, clock = models[who], clocks[who]
         model.reset()
-        clock.times.clear()
+        clock.reset()
         gc.collect()
         if who == "hand":
             await hand_loop(model, clock)

@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import itertools
 import json
 import os
 import platform
@@ -188,7 +187,7 @@ async def long_run(
                     "server_cpu_us_per_request": got.server_cpu_per_request() * 1e6,
                     "connections_per_request": got.connections_per_request(),
                 }
-                for base in ("floor", "hand"):
+                for base in ("floor", "floor-aiohttp", "hand"):
                     if w != base and base in by:
                         for key in ("wall", "cpu"):
                             row["subjects"][w][f"{key}_vs_{base}"] = paired(
@@ -288,6 +287,8 @@ S3_VARIANTS = (
     "ours:openai:httpx",
     "floor:openai:default",
     "floor:anthropic:default",
+    "floor-aiohttp:openai:default",
+    "floor-aiohttp:anthropic:default",
     "hand:openai:aiohttp",
     "hand:anthropic:aiohttp",
     "hand:openai:httpx",
@@ -333,7 +334,12 @@ def s3(
     by = {row["variant"]: row for row in rows}
     for row in rows:
         _, wire, _ = row["variant"].split(":")
-        for base in (f"floor:{wire}:default", f"hand:{wire}:aiohttp", f"hand:{wire}:httpx"):
+        for base in (
+            f"floor:{wire}:default",
+            f"floor-aiohttp:{wire}:default",
+            f"hand:{wire}:aiohttp",
+            f"hand:{wire}:httpx",
+        ):
             if base in by and base != row["variant"]:
                 mine, theirs = row["walls_s"], by[base]["walls_s"]
                 count = min(len(mine), len(theirs))  # same rounds of repeats
@@ -351,19 +357,27 @@ def s3(
 # --- S4: CPU per step as the conversation grows ---------------------------------------------
 
 
-def per_step_at(marks: list[float], first_messages: int, per_round: int) -> dict[int, float]:
-    """CPU per step when the request holds N messages, N in :data:`S4_MESSAGES`: the mean of the
-    :data:`S4_WINDOW` steps from the one whose request held N (a step runs from one tool call
-    to the next: results appended, the request built and sent, the answer parsed, the next
-    call dispatched). ``first_messages`` is the size of the first request, ``per_round`` what
-    a round adds."""
-    steps = [b - a for a, b in itertools.pairwise(marks)]
+def window(n: int, first_messages: int, per_round: int) -> tuple[int, int]:
+    """The tool calls that bound the :data:`S4_WINDOW` steps from the one whose request held
+    ``n`` messages. A step runs from one tool call to the next (results appended, the request
+    built and sent, the answer parsed, the next call dispatched), and the request between
+    calls ``i`` and ``i + 1`` holds ``first_messages + per_round * (i + 1)`` messages."""
+    start = max((n - first_messages) // per_round - 1, 0)
+    return start, start + S4_WINDOW
+
+
+def s4_marks(first_messages: int, per_round: int) -> frozenset[int]:
+    return frozenset(i for n in S4_MESSAGES for i in window(n, first_messages, per_round))
+
+
+def per_step_at(times: dict[int, float], first_messages: int, per_round: int) -> dict[int, float]:
+    """CPU per step at each of :data:`S4_MESSAGES`: the CPU between the tool calls that bound
+    its window, over the steps in it."""
     out = {}
     for n in S4_MESSAGES:
-        start = max((n - first_messages) // per_round - 1, 0)  # step i ends at tool call i + 1
-        window = steps[start : start + S4_WINDOW]
-        if len(window) == S4_WINDOW:
-            out[n] = sum(window) / S4_WINDOW
+        start, end = window(n, first_messages, per_round)
+        if start in times and end in times:
+            out[n] = (times[end] - times[start]) / S4_WINDOW
     return out
 
 
@@ -373,7 +387,7 @@ async def s4_http(
     """Each step of one long run timed on its own: ours (sync and async tool), the hand loop
     and the floor, interleaved repeats."""
     rows = []
-    who = ("ours", "ours-async", "hand", "floor")
+    who = ("ours", "ours-async", "hand", "floor", "floor-aiohttp")
     for wire in wires:
         subjects = {w: make_subject(w, wire, url) for w in who}
         per: dict[str, list[dict[int, float]]] = {w: [] for w in who}
@@ -385,14 +399,13 @@ async def s4_http(
                 for w in order:
                     subject = subjects[w]
                     gc.collect()
-                    subject.marks.times.clear()
-                    subject.marks.on = True
+                    # a request holds system + user (2) then 2 more messages per round; on
+                    # Anthropic's wire the system text goes apart, the transcript is the same
+                    subject.marks.start(s4_marks(2, 2))
                     done = await subject.run(prompt_for(rounds))
                     subject.marks.on = False
                     if done != rounds:
                         raise RuntimeError(f"{subject.label}: {done} rounds, expected {rounds}")
-                    # a request holds system + user (2) then 2 more messages per round; on
-                    # Anthropic's wire the system text goes apart, the transcript is the same
                     per[w].append(per_step_at(subject.marks.times, 2, 2))
         finally:
             for subject in subjects.values():
@@ -404,7 +417,7 @@ async def s4_http(
             for w in who:
                 values = [sample[n] for sample in per[w]]
                 entry: dict[str, Any] = {"cpu_us": spread(values, 1e6)}
-                for base in ("floor", "hand"):
+                for base in ("floor", "floor-aiohttp", "hand"):
                     if w != base:
                         entry[f"vs_{base}"] = paired(values, [s[n] for s in per[base]])
                 row["subjects"][w] = entry
@@ -708,7 +721,7 @@ async def run_async(plan: Plan, server: ServerProcess, only: set[str]) -> dict[s
                 parallel=1,
                 repeats=plan.repeats,
                 stream_too=True,
-                who=("ours", "ours-async", "hand", "floor"),
+                who=("ours", "ours-async", "hand", "floor", "floor-aiohttp"),
             ),
         }
     if "S2" in only:

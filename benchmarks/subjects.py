@@ -8,7 +8,9 @@ the tool rounds it took. Who runs it:
   as the peers' benchmarks declare it; large step and token budgets, nothing else changed;
 * ``ours-async``: the same with the tool written ``async def``;
 * ``hand``: the hand loop of :mod:`benchmarks.baseline` on one ``httpx.AsyncClient``;
-* ``floor``: the same loop on :class:`benchmarks.baseline.RawHttp` (raw asyncio streams).
+* ``floor``: the same loop on :class:`benchmarks.baseline.RawHttp` (raw asyncio streams);
+* ``floor-aiohttp``: the same loop on :class:`benchmarks.baseline.AiohttpHttp` (one aiohttp
+  session, no httpx): the least a client on the library's default engine does.
 
 The engine (``default``, ``httpx`` for httpx's own transport, ``aiohttp`` for httpx-aiohttp's)
 picks what the requests go through: for ``ours``, ``default`` is the library's default and
@@ -36,7 +38,7 @@ from benchmarks import baseline
 
 __all__ = ["WHO", "Marks", "Subject", "label_of", "make_subject", "prompt_for"]
 
-WHO = ("ours", "ours-async", "hand", "floor")
+WHO = ("ours", "ours-async", "hand", "floor", "floor-aiohttp")
 POOL = 1000
 """Connections every engine may open (the library's default pool)."""
 
@@ -47,10 +49,18 @@ def prompt_for(steps: int, parallel: int = 1, latency_ms: int = 0) -> str:
 
 @dataclass
 class Marks:
-    """The CPU clock (``time.process_time()``) at each tool call, recorded while ``on``."""
+    """The CPU clock (``time.process_time()``) at the tool calls numbered in ``at`` (0 for the
+    first call of a run), recorded while ``on``: a few marks per run, so that reading the
+    clock costs the steps nothing measurable."""
 
     on: bool = False
-    times: list[float] = field(default_factory=list)
+    at: frozenset[int] = frozenset()
+    calls: int = 0
+    times: dict[int, float] = field(default_factory=dict)
+
+    def start(self, at: frozenset[int]) -> None:
+        self.on, self.at, self.calls = True, at, 0
+        self.times.clear()
 
 
 @dataclass
@@ -77,13 +87,19 @@ def make_subject(
 
     def tool(arguments: dict[str, Any]) -> dict[str, Any]:
         if marks.on:
-            times.append(clock())
+            if marks.calls in marks.at:
+                times[marks.calls] = clock()
+            marks.calls += 1
         return baseline.lookup(arguments)
 
-    if who in ("hand", "floor"):
-        http: baseline.Http = (
-            baseline.RawHttp(url) if who == "floor" else baseline.HttpxHttp(_hand_engine(engine))
-        )
+    if who in ("hand", "floor", "floor-aiohttp"):
+        http: baseline.Http
+        if who == "floor":
+            http = baseline.RawHttp(url)
+        elif who == "floor-aiohttp":
+            http = baseline.AiohttpHttp(POOL)
+        else:
+            http = baseline.HttpxHttp(_hand_engine(engine))
         loop = baseline.openai_loop if wire == "openai" else baseline.anthropic_loop
 
         async def run_loop(prompt: str) -> int:

@@ -344,7 +344,8 @@ class HttpTransport:
             finally:
                 await response.aclose()
             raise self._status_error(response.status, text, response.headers)
-        lines = sse_lines(response.chunks())
+        chunks = response.chunks()
+        lines = sse_lines(chunks)
         events = iter_sse(lines)
         try:
             while True:
@@ -363,7 +364,7 @@ class HttpTransport:
                 await _drain(events)
             raise
         finally:
-            await _close_stream(response, lines, events)
+            await _close_stream(response, chunks, lines, events)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -461,11 +462,17 @@ async def _drain(events: AsyncGenerator[SseEvent, None]) -> None:
 
 async def _close_stream(
     response: Opened,
+    chunks: AsyncIterator[bytes],
     lines: AsyncGenerator[str, None],
     events: AsyncGenerator[SseEvent, None],
 ) -> None:
+    # each generator closed here, outermost first: one left unfinished would be closed by the
+    # event loop's finalizer instead, with a wake-up of the loop and a task of its own
     await events.aclose()
     await lines.aclose()
+    close = getattr(chunks, "aclose", None)
+    if close is not None:
+        await close()
     await response.aclose()
 
 
