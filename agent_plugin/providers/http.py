@@ -16,7 +16,7 @@ import contextlib
 import json
 import re
 import sys
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -271,47 +271,59 @@ class HttpTransport:
         self._closed = True
         await self._engine.aclose()
 
-    async def get_json(
+    def get_json(
         self,
         path: str,
         *,
         deadline: float | None = None,
         on_retry: Callable[[RetryNotice], None] | None = None,
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """The JSON body of a GET, retried like :meth:`post_json`."""
-        return await self._json("GET", path, None, deadline, on_retry)
+        return self._json("GET", path, None, deadline, on_retry)
 
-    async def post_json(
+    def post_json(
         self,
         path: str,
         body: Mapping[str, Any] | bytes,
         *,
         deadline: float | None = None,
         on_retry: Callable[[RetryNotice], None] | None = None,
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """The JSON body of a POST of ``body``; retryable failures are retried per the policy.
 
         ``body`` is a mapping to encode, or JSON already encoded (sent as given). ``deadline``
         (event-loop time) stops retrying when the next wait would pass it; ``on_retry`` hears of
-        each retry.
+        each retry. (It returns the request's coroutine rather than being one: a coroutine
+        fewer alive across every model call.)
         """
-        return await self._json("POST", path, _encode(body), deadline, on_retry)
+        return self._json("POST", path, _encode(body), deadline, on_retry)
 
     async def _json(
         self,
         method: str,
         path: str,
         content: bytes | None,
-        deadline: float | None,
-        on_retry: Callable[[RetryNotice], None] | None,
+        deadline: float | None = None,
+        on_retry: Callable[[RetryNotice], None] | None = None,
+        *,
+        retrying: bool = False,
     ) -> Any:
-        started = asyncio.get_running_loop().time()
-        try:  # the first attempt, made here: a call that succeeds builds nothing for retries
-            return await self._request_json(method, path, content)
+        """One attempt; the first (``retrying`` false) hands a failure to the retries, so a call
+        that succeeds at once (nearly every one) builds nothing for them."""
+        started = 0.0 if retrying else asyncio.get_running_loop().time()
+        try:
+            self._check_open()
+            try:
+                status, headers, data = await self._engine.exchange(method, path, method, content)
+            except httpx.HTTPError as exc:
+                raise self._transport_error(exc) from None
+            return self._decoded(status, headers, data)
         except AgentError as error:
+            if retrying:
+                raise
             return await retry_failed(
                 error,
-                lambda: self._request_json(method, path, content),
+                lambda: self._json(method, path, content, retrying=True),
                 self.retry,
                 started=started,
                 deadline=deadline,
@@ -372,12 +384,8 @@ class HttpTransport:
                 ErrorKind.INTERNAL, f"the {self.provider} client is closed", provider=self.provider
             )
 
-    async def _request_json(self, method: str, path: str, content: bytes | None) -> Any:
-        self._check_open()
-        try:
-            status, headers, data = await self._engine.exchange(method, path, method, content)
-        except httpx.HTTPError as exc:
-            raise self._transport_error(exc) from None
+    def _decoded(self, status: int, headers: Mapping[str, str], data: bytes) -> Any:
+        """The JSON value of a 2xx answer's body; the classified error of any other answer."""
         if not 200 <= status < 300:
             raise self._status_error(status, _text(data, headers), headers)
         try:
