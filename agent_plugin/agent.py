@@ -683,12 +683,17 @@ class _Run:
 
     # --- the model call --------------------------------------------------------------------
 
-    async def call_model(self, request: ChatRequest) -> ChatResponse:
+    def call_model(self, request: ChatRequest) -> Awaitable[ChatResponse]:
+        """The model call, bounded by the deadline and the cancel token when the run has them
+        (without them, the client's own call: a coroutine fewer alive across the call)."""
         call: Awaitable[ChatResponse] = (
             self.consume_stream(request) if self.streaming else self.agent.model.chat(request)
         )
         if self.deadline is None and self.cancel is None:
-            return await call
+            return call
+        return self.bounded_call(call)
+
+    async def bounded_call(self, call: Awaitable[ChatResponse]) -> ChatResponse:
         try:
             async with asyncio.timeout_at(self.deadline):
                 return await until_cancelled(call, self.cancel)
