@@ -2,10 +2,11 @@
 
 One conversation of ``rounds`` tool rounds runs through ``Agent`` (a sync tool, then the same
 tool written ``async def``) and through the smallest hand-written loop over the same model and
-tool, in the same process. The tool records the CPU clock at each call, so every step is timed
-on its own (nothing subtracted): the figure at N messages is the mean of the steps whose
-requests held N, N + 2, ... messages. The model returns prebuilt replies, so what is measured
-is the loop's own work: budgets, truncation, gating, hooks, the tool call and the transcript.
+tool, in the same process. The tool reads the CPU clock at the calls around a window of steps,
+so the steps are timed where they happen (nothing subtracted): the figure at N messages is the
+CPU of the steps whose requests held N, N + 2, ... messages, over their number. The model
+returns prebuilt replies, so what is measured is the loop's own work: budgets, truncation,
+gating, hooks, the tool call and the transcript.
 
     python benchmarks/bench_loop.py            # prints a markdown table, writes results/loop.json
 """

@@ -201,8 +201,8 @@ def _s3(name: str, data: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]
 def _s4(name: str, data: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
     out = [
         f"## S4: CPU per step as the conversation grows ({data['rounds']} rounds, "
-        f"{data['repeats']} repeats; each step timed on its own from one tool call to the next, "
-        f"the mean of the {data['window']} steps from the one whose request held N messages; "
+        f"{data['repeats']} repeats; the CPU of the {data['window']} steps from the one whose "
+        "request held N messages, read at the tool calls around them, over their number: "
         "nothing subtracted)",
         "",
         "| wire | messages | who | CPU µs/step | vs floor | vs aiohttp floor | vs hand loop |",
