@@ -133,10 +133,11 @@ class HttpxEngine:
 
 
 class _HttpxOpened:
-    __slots__ = ("_response",)
+    __slots__ = ("_done", "_response")
 
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
+        self._done = False
 
     @property
     def status(self) -> int:
@@ -146,14 +147,22 @@ class _HttpxOpened:
     def headers(self) -> Mapping[str, str]:
         return self._response.headers
 
-    def chunks(self) -> AsyncIterator[bytes]:
-        return self._response.aiter_bytes()
+    async def chunks(self) -> AsyncIterator[bytes]:
+        body = self._response.aiter_bytes()
+        try:
+            async for chunk in body:
+                yield chunk
+            self._done = True  # (httpx's is_stream_consumed is set when reading starts)
+        finally:  # closed here, not by the event loop's finalizer
+            close = getattr(body, "aclose", None)
+            if close is not None:
+                await close()
 
     async def read(self) -> bytes:
         return await self._response.aread()
 
     def complete(self) -> bool:
-        return self._response.is_stream_consumed
+        return self._done
 
     async def aclose(self) -> None:
         await self._response.aclose()

@@ -616,6 +616,7 @@ async def test_stream_closed_early_by_the_caller_frees_the_connection(
         assert await anext(events) == SseEvent(None, '{"n": 1}')
     assert await transport.post_json("/y", BODY) == OK
     assert len(server.requests) == 2
+    assert {r.connection for r in server.requests} == {1}  # back in the pool, not dropped
 
 
 # --- the test server itself ----------------------------------------------------------------
