@@ -7,6 +7,7 @@ import httpx
 from agent_plugin.config import AgentSettings, ProviderName, parse_provider
 from agent_plugin.providers.anthropic import AnthropicClient
 from agent_plugin.providers.base import LlmClient
+from agent_plugin.providers.engines import DEFAULT_LIMITS
 from agent_plugin.providers.openai import OpenAICompatibleClient
 from agent_plugin.providers.scripted import ScriptedModel
 
@@ -18,13 +19,15 @@ def create_client(
     *,
     api_key: str | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    limits: httpx.Limits = DEFAULT_LIMITS,
 ) -> LlmClient:
     """The client for ``settings.provider`` with the resolved model, base URL and timeout.
 
     ``api_key`` is passed as given (the plugin passes ``settings.require_api_key()``, which reads
-    ``AGENT_API_KEY``); ``transport`` replaces httpx's network transport (tests, proxies). The
-    ``scripted`` provider gives a :class:`ScriptedModel` that answers ``"default"``; an app that
-    wants a script hands its own model to the plugin instead.
+    ``AGENT_API_KEY``); ``transport`` replaces the default transport (aiohttp behind
+    httpx-aiohttp's, see :func:`~agent_plugin.providers.default_transport`), whose pool
+    ``limits`` bound. The ``scripted`` provider gives a :class:`ScriptedModel` that answers
+    ``"default"``; an app that wants a script hands its own model to the plugin instead.
     """
     model = settings.resolved_model()
     timeout = float(settings.request_timeout_secs)
@@ -36,6 +39,7 @@ def create_client(
                 api_key=api_key,
                 timeout=timeout,
                 transport=transport,
+                limits=limits,
             )
         case "anthropic":
             return AnthropicClient(
@@ -45,6 +49,7 @@ def create_client(
                 timeout=timeout,
                 prompt_caching=settings.prompt_caching,
                 transport=transport,
+                limits=limits,
             )
         case "scripted":
             return ScriptedModel(models=(model,))
