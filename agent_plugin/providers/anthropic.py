@@ -152,7 +152,7 @@ class AnthropicClient:
 
     ``prompt_caching`` (overridable per request) marks three of Anthropic's four cache
     breakpoints: the system text, the last tool definition and the last block of the last
-    message [AP-13]. ``server_tools`` are declared after the request's own tools in every
+    message. ``server_tools`` are declared after the request's own tools in every
     request (their beta flags go in the ``anthropic-beta`` header). The key goes out in
     ``x-api-key`` only and never appears in ``repr`` or in an error; it is required for
     ``api.anthropic.com`` (a Config error otherwise), not for other base URLs (a proxy, a test
@@ -308,7 +308,7 @@ class AnthropicClient:
         return model_ids(await self._http.get_json(MODELS_PATH), PROVIDER)
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-        """The JSON body for ``request`` (reference §1.4).
+        """The JSON body for ``request``.
 
         Unsigned thinking (reasoning from another provider) and empty text parts are left out:
         Anthropic rejects both. ``tool_choice`` is sent only with tools (Anthropic rejects it

@@ -43,7 +43,7 @@ __all__ = [
 
 _JSON_ERRORS: Final = (ValueError, RecursionError)  # RecursionError: absurdly deep nesting
 
-# Hosts that never answer without a key (SPEC §0); other base URLs (Ollama, vLLM, a proxy, a test
+# Hosts that never answer without a key; other base URLs (Ollama, vLLM, a proxy, a test
 # server) may need none.
 _KEYED_HOSTS: Final = frozenset({"api.openai.com", "api.anthropic.com"})
 

@@ -162,7 +162,7 @@ class OpenAICompatibleClient:
         await self._http.aclose()
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-        """The JSON body for ``request`` (reference §1.4), as the client's profile allows.
+        """The JSON body for ``request``, as the client's profile allows.
 
         ``tools`` and ``tool_choice`` are sent only when there are tools; the output cap (under
         the profile's name for it), ``temperature`` and ``stop`` only when set; a stream asks
