@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 __all__ = ["CancelToken", "RunCancelled", "stop_task", "until_cancelled"]
@@ -22,6 +22,7 @@ class CancelToken:
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self._watchers: list[Callable[[], None]] = []
         self.reason = "cancelled"
 
     def __repr__(self) -> str:
@@ -31,6 +32,8 @@ class CancelToken:
         if not self._event.is_set():
             self.reason = reason
             self._event.set()
+            for watcher in list(self._watchers):
+                watcher()
 
     @property
     def cancelled(self) -> bool:
@@ -45,26 +48,45 @@ class RunCancelled(Exception):
 
 
 async def until_cancelled(awaitable: Awaitable[T], token: CancelToken | None) -> T:
-    """Await ``awaitable`` unless ``token`` fires first; then cancel it and raise."""
+    """Await ``awaitable`` unless ``token`` fires first; then cancel it and raise.
+
+    The awaitable runs in the calling task, and the token cancels that task when it fires (as
+    :func:`asyncio.timeout` does), so watching costs no task and no waiter of its own. A
+    cancellation from anywhere else stays a :class:`asyncio.CancelledError`; a failure of the
+    awaitable while it is being cancelled is part of the cancellation.
+    """
     if token is None:
         return await awaitable
     if token.cancelled:
         if asyncio.iscoroutine(awaitable):
             awaitable.close()
         raise RunCancelled
-    task = asyncio.ensure_future(awaitable)
-    waiter = asyncio.ensure_future(token.wait())
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("until_cancelled needs a running task")
+    fired = False
+
+    def stop() -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+
+    token._watchers.append(stop)
     try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        result = await awaitable
+    except asyncio.CancelledError:
+        if fired and task.uncancel() == 0:  # the token's cancellation, and nobody else's
+            raise RunCancelled from None
+        raise
+    except Exception:
+        if fired and task.uncancel() == 0:
+            raise RunCancelled from None
+        raise
     finally:
-        waiter.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-    if task.cancelled():
-        raise RunCancelled
-    return task.result()
+        token._watchers.remove(stop)
+    if fired:  # the awaitable finished anyway (it caught the cancellation): its result stands
+        task.uncancel()
+    return result
 
 
 async def stop_task(task: asyncio.Task[object]) -> None:

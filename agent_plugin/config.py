@@ -125,6 +125,7 @@ _ACCEPTED: Final[dict[str, str]] = {
     "max_request_bytes": "a whole number of bytes from 1024 to 1073741824",
     "model_client": "an import path such as tests.models:support_bot, or unset",
     "mcp_servers": "[[agent.mcp_servers]] tables in the file (or a list of tables in code)",
+    "endpoint": "an [agent.endpoint] table: name (a known profile) and the profile's fields",
 }
 
 
@@ -249,6 +250,11 @@ class AgentSettings(BaseSettings):
         default=None,
         description="Import path (module:name) of an LlmClient, or of a function of the "
         "settings that makes one; replaces the provider (tests script app and worker alike).",
+    )
+    endpoint: dict[str, Any] = Field(
+        default_factory=dict,
+        description="[agent.endpoint]: what the OpenAI-compatible endpoint accepts, over the "
+        "profile its host is known by (name = a known profile to start from instead).",
     )
     mcp_servers: list[dict[str, Any]] = Field(
         default_factory=list,

@@ -28,6 +28,8 @@ LOGGERS: Final = (
     "agent_plugin.live",
     "agent_plugin.proactive",
     "agent_plugin.delivery",
+    "agent_plugin.mcp",
+    "agent_plugin.sessions",
 )
 """Every logger the library writes to."""
 

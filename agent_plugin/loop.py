@@ -462,8 +462,11 @@ class RunLoop:
                 deadline=self.deadline,
                 on_retry=self.on_retry if self.emit is not None else None,
             )
-            info = self.info()
-            for before in self.hooks.before_model:
+            hooks = self.hooks
+            # what the model hooks are told, made only when there are any (it would otherwise
+            # be one more object alive across every model call)
+            info = self.info() if hooks.before_model or hooks.after_model else None
+            for before in hooks.before_model:
                 control = await before(request, info)
                 if control is not None:
                     return self.stop(control, [])
@@ -483,7 +486,7 @@ class RunLoop:
             except RunCancelled:
                 return self.cancelled()
             control = None
-            for after in self.hooks.after_model:
+            for after in hooks.after_model:
                 control = await after(response, info) or control
 
             self.usage = self.usage + response.usage
@@ -566,12 +569,17 @@ class RunLoop:
 
     # --- the model call --------------------------------------------------------------------
 
-    async def call_model(self, request: ChatRequest) -> ChatResponse:
+    def call_model(self, request: ChatRequest) -> Awaitable[ChatResponse]:
+        """The model call, bounded by the deadline and the cancel token when the run has them
+        (without them, the client's own call: a coroutine fewer alive across the call)."""
         call: Awaitable[ChatResponse] = (
             self.consume_stream(request) if self.streaming else self.agent.model.chat(request)
         )
         if self.deadline is None and self.cancel is None:
-            return await call
+            return call
+        return self.bounded_call(call)
+
+    async def bounded_call(self, call: Awaitable[ChatResponse]) -> ChatResponse:
         try:
             async with asyncio.timeout_at(self.deadline):
                 return await until_cancelled(call, self.cancel)
@@ -588,29 +596,37 @@ class RunLoop:
             from agent_plugin.output import OutputStream
 
             partial = OutputStream(output)
-        async for event in self.agent.model.stream(request):
-            if isinstance(event, StreamDone):
-                return event.response
-            if emit is None:
-                continue
-            grown = None
-            if isinstance(event, TextDelta):
-                emit(TextDeltaEvent(run_id=self.run_id, text=event.text))
-                grown = partial.text_fragment(event.text) if partial is not None else None
-            elif isinstance(event, ThinkingDelta):
-                emit(ThinkingDeltaEvent(run_id=self.run_id, text=event.text))
-            elif isinstance(event, ToolCallStarted):
-                emit(
-                    ToolCallDeltaEvent(
-                        run_id=self.run_id, index=event.index, call_id=event.id, name=event.name
+        events = self.agent.model.stream(request)
+        try:
+            async for event in events:
+                if isinstance(event, StreamDone):
+                    return event.response
+                if emit is None:
+                    continue
+                grown = None
+                if isinstance(event, TextDelta):
+                    emit(TextDeltaEvent(run_id=self.run_id, text=event.text))
+                    grown = partial.text_fragment(event.text) if partial is not None else None
+                elif isinstance(event, ThinkingDelta):
+                    emit(ThinkingDeltaEvent(run_id=self.run_id, text=event.text))
+                elif isinstance(event, ToolCallStarted):
+                    emit(
+                        ToolCallDeltaEvent(
+                            run_id=self.run_id, index=event.index, call_id=event.id, name=event.name
+                        )
                     )
-                )
-                if partial is not None:
-                    partial.call_started(event.index, event.name)
-            elif isinstance(event, ToolCallArgumentsDelta) and partial is not None:
-                grown = partial.call_fragment(event.index, event.fragment)
-            if isinstance(grown, tuple):
-                emit(OutputDelta(run_id=self.run_id, choice=grown[0], partial=grown[1]))
+                    if partial is not None:
+                        partial.call_started(event.index, event.name)
+                elif isinstance(event, ToolCallArgumentsDelta) and partial is not None:
+                    grown = partial.call_fragment(event.index, event.fragment)
+                if isinstance(grown, tuple):
+                    emit(OutputDelta(run_id=self.run_id, choice=grown[0], partial=grown[1]))
+        finally:
+            # closed here, at once: left to the event loop's finalizer, an unfinished async
+            # generator costs a wake-up of the loop and a task of its own per model call
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()
         raise AgentError.decode(
             f"the {self.agent.model.provider_name} stream ended without a final response"
         )

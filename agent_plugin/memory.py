@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -44,6 +45,8 @@ __all__ = [
     "parse_op",
     "render_snapshot",
 ]
+
+logger = logging.getLogger("agent_plugin")
 
 
 # --- blocks ---------------------------------------------------------------------------------
@@ -334,7 +337,9 @@ class InMemoryMemoryStore:
 
     Scopes are isolated and start from copies of ``template``. Edits of one scope are serialised
     by a per-scope lock. The most recent ``remembered_edits`` edit keys of each scope are kept,
-    which covers any retry of a job that is still in flight.
+    which covers any retry of a job that is still in flight. At most ``max_scopes`` scopes are
+    kept (``None``: no bound): past that, the scope used least recently is forgotten, with a
+    log line.
     """
 
     def __init__(
@@ -342,24 +347,40 @@ class InMemoryMemoryStore:
         template: Iterable[MemoryBlock] = DEFAULT_BLOCKS,
         *,
         remembered_edits: int = 1024,
+        max_scopes: int | None = 10_000,
     ) -> None:
         if remembered_edits < 1:
             raise AgentError.config(f"remembered_edits must be at least 1, got {remembered_edits}")
+        if max_scopes is not None and max_scopes < 1:
+            raise AgentError.config(f"max_scopes must be at least 1, got {max_scopes}")
         self._template = fresh_blocks(template)
         self._remembered = remembered_edits
-        self._scopes: dict[str, _Scope] = {}
+        self.max_scopes = max_scopes
+        self._scopes: OrderedDict[str, _Scope] = OrderedDict()
 
     def __repr__(self) -> str:
         return f"InMemoryMemoryStore(scopes={len(self._scopes)})"
 
     async def load(self, scope: str) -> list[MemoryBlock]:
         state = self._scopes.get(scope)
+        if state is not None:
+            self._scopes.move_to_end(scope)
         return fresh_blocks(state.blocks if state is not None else self._template)
 
     async def apply(self, scope: str, op: MemoryOp, *, edit_key: str | None = None) -> MemoryBlock:
         state = self._scopes.get(scope)
         if state is None:
             state = self._scopes[scope] = _Scope(fresh_blocks(self._template))
+            while self.max_scopes is not None and len(self._scopes) > self.max_scopes:
+                forgotten, _ = self._scopes.popitem(last=False)
+                logger.info(
+                    "in-memory memory store: forgot scope %r, the least recently used of more "
+                    "than %d (use the SQL store to keep every scope)",
+                    forgotten,
+                    self.max_scopes,
+                )
+        else:
+            self._scopes.move_to_end(scope)
         async with state.lock:
             replay = edit_key is not None and edit_key in state.applied
             block = edit_blocks(state.blocks, op, already_applied=replay)

@@ -177,6 +177,9 @@ _PART_TAGS: Final = (
 
 
 def _part_tag(value: Any) -> str | None:
+    tag = _TAG_OF_TYPE.get(type(value))
+    if tag is not None:  # a part already built (the usual case): no field lookup
+        return tag
     if isinstance(value, dict):
         for key in value:
             if key in _PART_TAGS:
@@ -187,6 +190,18 @@ def _part_tag(value: Any) -> str | None:
             return key
     return None
 
+
+_TAG_OF_TYPE: Final[dict[type, str]] = {
+    TextPart: "text",
+    ToolCallPart: "tool_call",
+    ToolResultPart: "tool_result",
+    ImagePart: "image",
+    ThinkingPart: "thinking",
+    RedactedThinkingPart: "redacted_thinking",
+    ServerToolCallPart: "server_tool_call",
+    ServerToolResultPart: "server_tool_result",
+    ProviderBlockPart: "provider_block",
+}
 
 ContentPart: TypeAlias = Annotated[
     Annotated[TextPart, Tag("text")]

@@ -13,7 +13,9 @@ web handle and the background worker both call them.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import (
     TYPE_CHECKING,
@@ -69,6 +71,8 @@ __all__ = [
     "run",
     "session_entry_adapter",
 ]
+
+logger = logging.getLogger("agent_plugin.sessions")
 
 T = TypeVar("T", default=str)
 
@@ -299,22 +303,46 @@ class InMemorySessionStore:
     """A :class:`SessionStore` in a dict: per process, lost on restart, not shared between
     replicas. For tests, scripts and single-process demos; use a database store in production.
 
-    Every operation runs under one lock that is never held across an ``await``, so each is
-    atomic on any event loop and across threads.
+    It keeps at most ``max_sessions`` sessions (``None``: no bound): past that, the session
+    used least recently is forgotten, with a log line, so a long-lived process does not grow
+    without bound. Every operation runs under one lock that is never held across an
+    ``await``, so each is atomic on any event loop and across threads.
     """
 
-    def __init__(self) -> None:
-        self._entries: dict[str, list[SessionEntry]] = {}
+    def __init__(self, *, max_sessions: int | None = 10_000) -> None:
+        if max_sessions is not None and max_sessions < 1:
+            raise AgentError.config(f"max_sessions must be at least 1, got {max_sessions}")
+        self.max_sessions = max_sessions
+        self._entries: OrderedDict[str, list[SessionEntry]] = OrderedDict()
         self._latest: dict[str, CompactionEntry] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"InMemorySessionStore(sessions={len(self._entries)})"
 
+    def _used(self, session_id: str) -> list[SessionEntry] | None:
+        """The session's entries, marked as used now (call under the lock)."""
+        entries = self._entries.get(session_id)
+        if entries is not None:
+            self._entries.move_to_end(session_id)
+        return entries
+
+    def _evict(self) -> None:
+        """Forget the sessions used least recently beyond ``max_sessions`` (under the lock)."""
+        while self.max_sessions is not None and len(self._entries) > self.max_sessions:
+            forgotten, _ = self._entries.popitem(last=False)
+            self._latest.pop(forgotten, None)
+            logger.info(
+                "in-memory session store: forgot session %r, the least recently used of more "
+                "than %d (use a database store to keep every session)",
+                forgotten,
+                self.max_sessions,
+            )
+
     async def load(self, session_id: str) -> SessionView:
         check_session_id(session_id)
         with self._lock:
-            entries = self._entries.get(session_id)
+            entries = self._used(session_id)
             if not entries:
                 return SessionView()
             latest = self._latest.get(session_id)
@@ -331,7 +359,7 @@ class InMemorySessionStore:
         check_expected_version(expected_version)
         batch = list(messages)
         with self._lock:
-            entries = self._entries.get(session_id, [])
+            entries = self._used(session_id) or []
             if len(entries) != expected_version:
                 raise conflict_error(session_id, expected_version, len(entries))
             added = [
@@ -340,6 +368,7 @@ class InMemorySessionStore:
             ]
             if added:
                 self._entries.setdefault(session_id, []).extend(added)
+                self._evict()
             return expected_version + len(added)
 
     async def append_compaction(
@@ -354,7 +383,7 @@ class InMemorySessionStore:
         check_session_id(session_id)
         check_expected_version(expected_version)
         with self._lock:
-            entries = self._entries.get(session_id, [])
+            entries = self._used(session_id) or []
             if len(entries) != expected_version:
                 raise conflict_error(session_id, expected_version, len(entries))
             if not (
@@ -380,7 +409,7 @@ class InMemorySessionStore:
         check_session_id(session_id)
         check_page(after, limit)
         with self._lock:
-            entries = self._entries.get(session_id, [])
+            entries = self._used(session_id) or []
             end = len(entries) if limit is None else after + limit
             return entries[after:end]
 

@@ -99,18 +99,21 @@ class FunctionModel(ScriptedModel):
         *,
         usage: TokenUsage = DEFAULT_USAGE,
         models: Iterable[str] = ("function",),
+        keep_requests: int | None = 1000,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"FunctionModel needs a function, got {type(fn).__name__}")
         self.fn = fn
-        super().__init__(default=self._answer, usage=usage, models=models)
+        super().__init__(
+            default=self._answer, usage=usage, models=models, keep_requests=keep_requests
+        )
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
-        return f"FunctionModel({name}, requests={len(self.requests)})"
+        return f"FunctionModel({name}, calls={self.calls})"
 
     async def _answer(self, request: ChatRequest) -> Reply:
-        call = ModelCall(index=len(self.requests) - 1, tools=request.tools, request=request)
+        call = ModelCall(index=self.calls - 1, tools=request.tools, request=request)
         produced = self.fn(list(request.messages), call)
         return await produced if inspect.isawaitable(produced) else produced
 

@@ -1,28 +1,27 @@
-"""The benchmark suite (issue 9): ``python -m benchmarks.run`` or ``python benchmarks/run.py``.
+"""The benchmark suite: ``python -m benchmarks.run`` or ``python benchmarks/run.py``.
 
-Every scenario measures ``Agent`` (with ``OpenAICompatibleClient`` / ``AnthropicClient``) and
-the hand-written httpx loop of :mod:`benchmarks.baseline` in the same run, against the scripted
-model server of :mod:`benchmarks.model_server` in its own process, and reports ratios: on a
-shared 2-core machine absolute timings drift, ratios of interleaved measurements much less.
-The client runs pinned to CPU 0, the server to CPU 1 (when the machine has two).
+Every scenario measures ``Agent`` in its default configuration beside two baselines measured
+in the same run (:mod:`benchmarks.subjects`): the hand loop on httpx and the floor loop on raw
+asyncio, against the scripted model server of :mod:`benchmarks.model_server` in its own process,
+and reports ratios: on a shared 2-core machine absolute timings drift, ratios of interleaved
+measurements much less. The client runs pinned to CPU 0, the server to CPU 1.
 
-* S1  one run of 200 sequential tool rounds, zero latency: wall and CPU µs per step.
+* S1  one run of 200 sequential tool rounds, zero latency: wall and CPU per step.
 * S2  2 parallel tool calls per round, 100 rounds.
 * S3  300 concurrent runs × 5 model calls at 50 ms latency: total wall vs the ideal 250 ms,
-      peak RSS per in-flight run; each variant in a fresh process.
-* S4  marginal cost per step at 1, 10, 50, 200 steps over HTTP, and in process
-      (:mod:`benchmarks.bench_loop`).
-* S5  ``import agent_plugin`` in a fresh interpreter; the first request of a fresh app.
-* S6  session append (``benchmarks/bench_sessions.py``, when present).
-* S7  background runs through one arq worker vs arq's own no-op jobs (the target) and vs arq
-      jobs that make only a run's durable writes, and the cost of step checkpoints
-      (:mod:`benchmarks.bench_jobs`, in a subprocess).
+      memory per in-flight run, garbage collection; each variant in a fresh process.
+* S4  CPU per step when the conversation holds 10, 50, 200 and 400 messages, each step timed
+      on its own (nothing subtracted), over HTTP and in process (:mod:`benchmarks.bench_loop`).
+* S5  ``import agent_plugin`` and ``import agent_plugin.web`` in a fresh interpreter; the first
+      request of a fresh app.
+* S6  session append (``benchmarks/bench_sessions.py``).
+* S7  background runs through one arq worker (:mod:`benchmarks.bench_jobs`, in a subprocess).
 
-Per-step figures are the minimum over repeats (the least disturbed run); medians are in the
-JSON. CPU is ``time.process_time()`` of the client process; the server's own CPU per request
-(user + kernel, read from its ``/stats``) is shown beside every figure. Results go to
-``benchmarks/results/latest.md`` and ``latest.json``; the markdown is printed too. No timing is
-ever asserted: ``--quick`` is a smoke run (smaller sizes, fewer repeats) for CI.
+Every figure is the **median** of interleaved repeats, with the least and the most beside it;
+a ratio is the median of the ratios of samples taken in the same round of repeats. CPU is
+``time.process_time()`` of the client process; the server's own CPU per request is shown beside
+the figures. Results go to ``benchmarks/results/latest.md`` and ``latest.json``; the markdown is
+printed too. No timing is ever asserted: ``--quick`` is a smoke run for CI.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,112 +48,29 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 
 import httpx
 
-from agent_plugin.agent import Agent
-from agent_plugin.options import RunOptions
-from agent_plugin.outcomes import Completed
-from agent_plugin.providers.anthropic import AnthropicClient
-from agent_plugin.providers.lean import LeanTransport
-from agent_plugin.providers.openai import OpenAICompatibleClient
-from agent_plugin.tools import FnTool
 from benchmarks import baseline
 from benchmarks.model_server import ServerProcess, pin_to
+from benchmarks.report import render, s7_markdown
+from benchmarks.subjects import Subject, make_subject, prompt_for
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 RESULTS = HERE / "results"
 CLIENT_CPU, SERVER_CPU = 0, 1
 WIRES = ("openai", "anthropic")
+S4_MESSAGES = (10, 50, 200, 400)
+S4_WINDOW = 6
+"""Steps timed at each S4 point: the steps whose requests hold N, N + 2, ... messages."""
 
 
-# --- subjects: ours and the baseline, behind one shape -----------------------------------------
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child process: this checkout first on the path (not another copy
+    of the package the interpreter may have installed)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-async def _lookup(arguments: Any) -> Any:
-    return baseline.lookup(arguments)
-
-
-LOOKUP = FnTool("lookup", "Looks a number up.", baseline.SCHEMA, _lookup)
-
-
-def make_transport(kind: str) -> httpx.AsyncBaseTransport | None:
-    """The httpx transport of a variant: ``default`` (httpx's own, default pool limits),
-    ``pool`` (httpx's own, 1000 connections kept alive), ``aiohttp`` (httpx-aiohttp) or
-    ``lean`` (:class:`agent_plugin.providers.lean.LeanTransport`, the same bound)."""
-    if kind == "default":
-        return None
-    if kind == "pool":
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
-        return httpx.AsyncHTTPTransport(limits=limits)
-    if kind == "aiohttp":
-        from httpx_aiohttp import AiohttpTransport
-
-        return AiohttpTransport(limits=httpx.Limits(max_connections=1000))
-    if kind == "lean":
-        return LeanTransport(max_connections=1000)
-    raise ValueError(f"unknown transport {kind!r}")
-
-
-def has_aiohttp_transport() -> bool:
-    try:
-        import httpx_aiohttp  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@dataclass
-class Subject:
-    """One thing under test: runs a conversation from a prompt, returns its tool rounds."""
-
-    label: str
-    run: Callable[[str], Awaitable[int]]
-    close: Callable[[], Awaitable[None]]
-
-
-def make_subject(
-    who: str, wire: str, url: str, *, stream: bool = False, transport: str = "default"
-) -> Subject:
-    label = f"{who} {wire}{' stream' if stream else ''}"
-    if transport != "default":
-        label += f" [{transport}]"
-    if who == "baseline":
-        client = baseline.new_client(make_transport(transport))
-        loop = baseline.openai_loop if wire == "openai" else baseline.anthropic_loop
-
-        async def run_baseline(prompt: str) -> int:
-            return await loop(client, url, prompt, stream=stream)
-
-        return Subject(label, run_baseline, client.aclose)
-    model: OpenAICompatibleClient | AnthropicClient
-    if wire == "openai":
-        model = OpenAICompatibleClient(
-            model="bench-model", base_url=url + "/v1", transport=make_transport(transport)
-        )
-    else:
-        model = AnthropicClient(
-            model="bench-model", base_url=url, transport=make_transport(transport)
-        )
-    agent = Agent(
-        model,
-        tools=[LOOKUP],
-        system_prompt=baseline.SYSTEM,
-        max_steps=10_000,
-        max_tokens=10**9,
-    )
-
-    async def run_ours(prompt: str) -> int:
-        turn = await agent.run(prompt, options=RunOptions(stream=stream))
-        if not isinstance(turn.outcome, Completed):
-            raise RuntimeError(f"{label}: the run ended {turn.outcome!r}")
-        return turn.outcome.steps_used
-
-    return Subject(label, run_ours, model.aclose)
-
-
-def prompt_for(steps: int, parallel: int = 1, latency_ms: int = 0) -> str:
-    return f"STEPS={steps} PARALLEL={parallel} LATENCY_MS={latency_ms} look the numbers up"
-
-
-# --- measuring ---------------------------------------------------------------------------------
+# --- samples -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -173,11 +88,8 @@ class Series:
 
     samples: list[Sample] = field(default_factory=list)
 
-    def best(self, attr: str) -> float:
-        return min(float(getattr(s, attr)) for s in self.samples)
-
-    def median(self, attr: str) -> float:
-        return statistics.median(float(getattr(s, attr)) for s in self.samples)
+    def values(self, attr: str) -> list[float]:
+        return [float(getattr(s, attr)) for s in self.samples]
 
     def connections_per_request(self) -> float:
         """New connections the client opened per request (0 when it reuses one)."""
@@ -185,6 +97,20 @@ class Series:
 
     def server_cpu_per_request(self) -> float:
         return statistics.median(s.server_cpu / max(s.server_requests, 1) for s in self.samples)
+
+
+def spread(values: list[float], scale: float = 1.0) -> dict[str, float]:
+    """The median and the range of ``values`` (times ``scale``)."""
+    return {
+        "median": statistics.median(values) * scale,
+        "min": min(values) * scale,
+        "max": max(values) * scale,
+    }
+
+
+def paired(ours: list[float], base: list[float]) -> dict[str, float]:
+    """Ratios of samples taken in the same round: their median and range."""
+    return spread([o / b for o, b in zip(ours, base, strict=True) if b > 0])
 
 
 async def sample(subject: Subject, prompt: str, rounds: int, server: ServerProcess) -> Sample:
@@ -223,53 +149,51 @@ async def measure(
     return series
 
 
-def ratio(ours: float, base: float) -> float:
-    return ours / base if base > 0 else float("nan")
-
-
 # --- S1 and S2: one long run ---------------------------------------------------------------
 
 
 async def long_run(
-    url: str, server: ServerProcess, *, steps: int, parallel: int, repeats: int, stream_too: bool
+    url: str,
+    server: ServerProcess,
+    *,
+    steps: int,
+    parallel: int,
+    repeats: int,
+    stream_too: bool,
+    who: tuple[str, ...],
 ) -> list[dict[str, Any]]:
     rows = []
-    modes = (False, True) if stream_too else (False,)
     for wire in WIRES:
-        for stream in modes:
-            ours = make_subject("ours", wire, url, stream=stream)
-            base = make_subject("baseline", wire, url, stream=stream)
+        for stream in (False, True) if stream_too else (False,):
+            subjects = {w: make_subject(w, wire, url, stream=stream) for w in who}
             try:
                 series = await measure(
-                    [ours, base], prompt_for(steps, parallel), steps, repeats, server
+                    list(subjects.values()), prompt_for(steps, parallel), steps, repeats, server
                 )
             finally:
-                await ours.close()
-                await base.close()
-            o, b = series[ours.label], series[base.label]
-            rows.append(
-                {
-                    "wire": wire,
-                    "mode": "stream" if stream else "whole",
-                    "ours_wall_us": o.best("wall") / steps * 1e6,
-                    "base_wall_us": b.best("wall") / steps * 1e6,
-                    "wall_ratio": ratio(o.best("wall"), b.best("wall")),
-                    "ours_cpu_us": o.best("cpu") / steps * 1e6,
-                    "base_cpu_us": b.best("cpu") / steps * 1e6,
-                    "cpu_ratio": ratio(o.best("cpu"), b.best("cpu")),
-                    "median_wall_ratio": ratio(o.median("wall"), b.median("wall")),
-                    "median_cpu_ratio": ratio(o.median("cpu"), b.median("cpu")),
-                    "server_cpu_us_per_request": {
-                        "ours": o.server_cpu_per_request() * 1e6,
-                        "baseline": b.server_cpu_per_request() * 1e6,
-                    },
-                    "connections_per_request": {
-                        "ours": o.connections_per_request(),
-                        "baseline": b.connections_per_request(),
-                    },
-                    "repeats": repeats,
+                for subject in subjects.values():
+                    await subject.close()
+            by = {w: series[s.label] for w, s in subjects.items()}
+            row: dict[str, Any] = {
+                "wire": wire,
+                "mode": "stream" if stream else "whole",
+                "repeats": repeats,
+                "subjects": {},
+            }
+            for w, got in by.items():
+                row["subjects"][w] = {
+                    "wall_us": spread(got.values("wall"), 1e6 / steps),
+                    "cpu_us": spread(got.values("cpu"), 1e6 / steps),
+                    "server_cpu_us_per_request": got.server_cpu_per_request() * 1e6,
+                    "connections_per_request": got.connections_per_request(),
                 }
-            )
+                for base in ("floor", "floor-aiohttp", "hand"):
+                    if w != base and base in by:
+                        for key in ("wall", "cpu"):
+                            row["subjects"][w][f"{key}_vs_{base}"] = paired(
+                                got.values(key), by[base].values(key)
+                            )
+            rows.append(row)
     return rows
 
 
@@ -281,21 +205,51 @@ def _rss_kb() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
+def _reset_peak_rss() -> None:
+    """Make the peak RSS the current RSS (Linux 4.0+). ``ru_maxrss`` would not do: it keeps the
+    peak of the process this one was forked from (the suite, far larger) across exec."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def _peak_rss_kb() -> int:
+    """The peak RSS since :func:`_reset_peak_rss` (``VmHWM``), in KiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 async def s3_child(
     variant: str, url: str, runs: int, steps: int, latency_ms: int
 ) -> dict[str, Any]:
-    """One S3 measurement in this (fresh) process; ``variant`` is ``who:wire:transport``."""
-    who, wire, transport = variant.split(":")
-    subject = make_subject(who, wire, url, transport=transport)
+    """One S3 measurement in this (fresh) process; ``variant`` is ``who:wire:engine``."""
+    who, wire, engine = variant.split(":")
+    subject = make_subject(who, wire, url, engine=engine)
+    collecting: list[float] = []
+    gc_seconds = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collecting.append(time.perf_counter())
+        elif collecting:
+            gc_seconds[0] += time.perf_counter() - collecting.pop()
+
     try:
         await subject.run(prompt_for(1))  # imports, first connection
         gc.collect()
+        _reset_peak_rss()
         rss_before = _rss_kb()
         prompt = prompt_for(steps, 1, latency_ms)
+        counts = [g["collections"] for g in gc.get_stats()]
+        gc.callbacks.append(on_gc)
         wall, cpu = time.perf_counter(), time.process_time()
         done = await asyncio.gather(*(subject.run(prompt) for _ in range(runs)))
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        gc.callbacks.remove(on_gc)
+        peak = _peak_rss_kb()
+        collections = [g["collections"] - c for g, c in zip(gc.get_stats(), counts, strict=True)]
     finally:
         await subject.close()
     if any(d != steps for d in done):
@@ -303,6 +257,8 @@ async def s3_child(
     return {
         "wall_s": wall,
         "cpu_s": cpu,
+        "gc_s": gc_seconds[0],
+        "gc_collections": collections,
         "rss_before_kb": rss_before,
         "peak_rss_kb": peak,
         "kb_per_run": (peak - rss_before) / runs,
@@ -327,7 +283,9 @@ def run_s3_variant(
         "--latency-ms",
         str(latency_ms),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=900, check=False, env=child_env()
+    )
     after = server.stats()
     if done.returncode != 0:
         raise RuntimeError(f"S3 {variant} failed:\n{done.stderr[-3000:]}")
@@ -338,40 +296,49 @@ def run_s3_variant(
     return result
 
 
+S3_VARIANTS = (
+    # the default configuration first, then the same with an async tool, then httpx's own
+    "ours:openai:default",
+    "ours:anthropic:default",
+    "ours-async:openai:default",
+    "ours:openai:httpx",
+    "floor:openai:default",
+    "floor:anthropic:default",
+    "floor-aiohttp:openai:default",
+    "floor-aiohttp:anthropic:default",
+    "hand:openai:aiohttp",
+    "hand:anthropic:aiohttp",
+    "hand:openai:httpx",
+    "hand:anthropic:httpx",
+)
+S3_SLOW = frozenset({"ours:openai:httpx", "hand:openai:httpx", "hand:anthropic:httpx"})
+"""httpx's own pool under 300 runs: tens of seconds a sample, so fewer samples."""
+
+
 def s3(
     server: ServerProcess, *, runs: int, steps: int, latency_ms: int, repeats: int, quick: bool
 ) -> dict[str, Any]:
     calls = steps + 1
     ideal = calls * latency_ms / 1000
-    variants = [
-        "ours:openai:default",
-        "baseline:openai:default",
-        "ours:anthropic:default",
-        "baseline:anthropic:default",
-        "ours:openai:pool",
-        "baseline:openai:pool",
-    ]
-    if has_aiohttp_transport():
-        variants += ["ours:openai:aiohttp", "baseline:openai:aiohttp"]
-    variants += ["ours:openai:lean", "baseline:openai:lean"]
-    if quick:
-        variants = [v for v in variants if ":openai:" in v and not v.endswith(":pool")]
+    variants = [v for v in S3_VARIANTS if not quick or ":openai:" in v]
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for repeat in range(repeats):
-        for variant in variants:
-            if repeat and variant.endswith(":pool"):
-                continue  # slow (see the report), and one sample shows it
+        for variant in variants:  # interleaved: the machine's noise spread over all of them
+            if variant in S3_SLOW and repeat >= max(1, repeats // 2):
+                continue
             results[variant].append(run_s3_variant(variant, server, runs, steps, latency_ms))
     rows = []
     for variant, samples in results.items():
-        best = min(samples, key=lambda s: s["wall_s"])
         rows.append(
             {
                 "variant": variant,
-                "wall_s": best["wall_s"],
-                "x_ideal": best["wall_s"] / ideal,
-                "cpu_ms_per_request": best["cpu_s"] / (runs * calls) * 1e3,
-                "kb_per_run": statistics.median(s["kb_per_run"] for s in samples),
+                "samples": len(samples),
+                "wall_ms": spread([s["wall_s"] for s in samples], 1e3),
+                "x_ideal": spread([s["wall_s"] / ideal for s in samples]),
+                "cpu_ms_per_request": spread([s["cpu_s"] / (runs * calls) for s in samples], 1e3),
+                "gc_share_of_wall": spread([s["gc_s"] / s["wall_s"] for s in samples]),
+                "gc_collections": samples[0]["gc_collections"],
+                "kb_per_run": spread([s["kb_per_run"] for s in samples]),
                 "server_cpu_us_per_request": statistics.median(
                     s["server_cpu_us_per_request"] for s in samples
                 ),
@@ -381,6 +348,19 @@ def s3(
                 "walls_s": [s["wall_s"] for s in samples],
             }
         )
+    by = {row["variant"]: row for row in rows}
+    for row in rows:
+        _, wire, _ = row["variant"].split(":")
+        for base in (
+            f"floor:{wire}:default",
+            f"floor-aiohttp:{wire}:default",
+            f"hand:{wire}:aiohttp",
+            f"hand:{wire}:httpx",
+        ):
+            if base in by and base != row["variant"]:
+                mine, theirs = row["walls_s"], by[base]["walls_s"]
+                count = min(len(mine), len(theirs))  # same rounds of repeats
+                row.setdefault("vs", {})[base] = paired(mine[:count], theirs[:count])
     return {
         "runs": runs,
         "calls_per_run": calls,
@@ -391,77 +371,86 @@ def s3(
     }
 
 
-# --- S4: flatness ------------------------------------------------------------------------------
+# --- S4: CPU per step as the conversation grows ---------------------------------------------
+
+
+def window(n: int, first_messages: int, per_round: int) -> tuple[int, int]:
+    """The tool calls that bound the :data:`S4_WINDOW` steps from the one whose request held
+    ``n`` messages. A step runs from one tool call to the next (results appended, the request
+    built and sent, the answer parsed, the next call dispatched), and the request between
+    calls ``i`` and ``i + 1`` holds ``first_messages + per_round * (i + 1)`` messages."""
+    start = max((n - first_messages) // per_round - 1, 0)
+    return start, start + S4_WINDOW
+
+
+def s4_marks(first_messages: int, per_round: int) -> frozenset[int]:
+    return frozenset(i for n in S4_MESSAGES for i in window(n, first_messages, per_round))
+
+
+def per_step_at(times: dict[int, float], first_messages: int, per_round: int) -> dict[int, float]:
+    """CPU per step at each of :data:`S4_MESSAGES`: the CPU between the tool calls that bound
+    its window, over the steps in it."""
+    out = {}
+    for n in S4_MESSAGES:
+        start, end = window(n, first_messages, per_round)
+        if start in times and end in times:
+            out[n] = (times[end] - times[start]) / S4_WINDOW
+    return out
 
 
 async def s4_http(
-    url: str,
-    server: ServerProcess,
-    *,
-    steps_list: tuple[int, ...],
-    wires: tuple[str, ...],
-    repeats: int,
+    url: str, server: ServerProcess, *, rounds: int, wires: tuple[str, ...], repeats: int
 ) -> list[dict[str, Any]]:
-    """Marginal per-step cost (T(N) - T(0)) / N, T the least of the repeats, over HTTP."""
+    """Each step of one long run timed on its own: ours (sync and async tool), the hand loop
+    and the floor, interleaved repeats."""
     rows = []
+    who = ("ours", "ours-async", "hand", "floor", "floor-aiohttp")
     for wire in wires:
-        ours = make_subject("ours", wire, url)
-        base = make_subject("baseline", wire, url)
+        subjects = {w: make_subject(w, wire, url) for w in who}
+        per: dict[str, list[dict[int, float]]] = {w: [] for w in who}
         try:
-            totals: dict[int, dict[str, Series]] = {}
-            for steps in (0, *steps_list):
-                more = 3 if steps <= 10 else 1  # small runs are cheap and noisier: sample more
-                totals[steps] = await measure(
-                    [ours, base], prompt_for(steps), steps, repeats * more, server
-                )
+            for subject in subjects.values():
+                await subject.run(prompt_for(1))
+            for repeat in range(repeats):
+                order = list(who[repeat % len(who) :] + who[: repeat % len(who)])
+                for w in order:
+                    subject = subjects[w]
+                    gc.collect()
+                    # a request holds system + user (2) then 2 more messages per round; on
+                    # Anthropic's wire the system text goes apart, the transcript is the same
+                    subject.marks.start(s4_marks(2, 2))
+                    done = await subject.run(prompt_for(rounds))
+                    subject.marks.on = False
+                    if done != rounds:
+                        raise RuntimeError(f"{subject.label}: {done} rounds, expected {rounds}")
+                    per[w].append(per_step_at(subject.marks.times, 2, 2))
         finally:
-            await ours.close()
-            await base.close()
-        for who, subject in (("ours", ours), ("baseline", base)):
-            fixed = totals[0][subject.label]
-            for steps in steps_list:
-                series = totals[steps][subject.label]
-                rows.append(
-                    {
-                        "wire": wire,
-                        "who": who,
-                        "steps": steps,
-                        "wall_us": (series.best("wall") - fixed.best("wall")) / steps * 1e6,
-                        "cpu_us": (series.best("cpu") - fixed.best("cpu")) / steps * 1e6,
-                    }
-                )
+            for subject in subjects.values():
+                await subject.close()
+        for n in S4_MESSAGES:
+            if not all(n in sample for samples in per.values() for sample in samples):
+                continue
+            row: dict[str, Any] = {"wire": wire, "messages": n, "subjects": {}}
+            for w in who:
+                values = [sample[n] for sample in per[w]]
+                entry: dict[str, Any] = {"cpu_us": spread(values, 1e6)}
+                for base in ("floor", "floor-aiohttp", "hand"):
+                    if w != base:
+                        entry[f"vs_{base}"] = paired(values, [s[n] for s in per[base]])
+                row["subjects"][w] = entry
+            rows.append(row)
+        low, high = min(S4_MESSAGES), max(S4_MESSAGES)
+        for w in who:
+            growth = [s[high] / s[low] for s in per[w] if low in s and high in s]
+            if growth:
+                rows.append({"wire": wire, "growth": w, f"{high}_vs_{low}": spread(growth)})
     return rows
 
 
-def flatness(rows: list[dict[str, Any]], wire: str, key: str) -> dict[str, float]:
-    """Per-step at the most steps over per-step at 1 step, for ours and the baseline, and ours
-    with the baseline's growth (the cost of the longer request itself) taken out."""
-
-    def per(who: str) -> dict[int, float]:
-        return {r["steps"]: r[key] for r in rows if r["wire"] == wire and r["who"] == who}
-
-    ours, base = per("ours"), per("baseline")
-    low, high = min(ours), max(ours)
-    adjusted = (ours[high] - (base[high] - base[low])) / ours[low]
-    return {
-        "steps": high,
-        "ours": ours[high] / ours[low],
-        "baseline": base[high] / base[low],
-        "ours_minus_request_growth": adjusted,
-    }
-
-
-async def s4_in_process(repeats: int) -> dict[str, Any]:
+async def s4_in_process(rounds: int, repeats: int) -> dict[str, Any]:
     from benchmarks import bench_loop
 
-    bench_loop.REPEATS = repeats
-    fixed, rows = await bench_loop.measure()
-    return {
-        "fixed": fixed,
-        "rows": rows,
-        "flatness": rows[-1]["agent_us"] / rows[0]["agent_us"],
-        "repeats": repeats,
-    }
+    return await bench_loop.measure(rounds=rounds, repeats=repeats)
 
 
 # --- S5: import and first request ----------------------------------------------------------------
@@ -469,12 +458,14 @@ async def s4_in_process(repeats: int) -> dict[str, Any]:
 _IMPORT_PROBE = """
 import json, sys, time
 start = time.perf_counter()
-import agent_plugin
+import {module}
 took = time.perf_counter() - start
 heavy = ("fastapi", "starlette", "sqlalchemy", "alembic", "asyncpg", "aiosqlite", "arq",
-         "redis", "pydantic_settings", "httpx", "pydantic")
-print(json.dumps({"s": took, "loaded": [m for m in heavy if m in sys.modules]}))
+         "redis", "pydantic_settings", "httpx", "aiohttp", "pydantic")
+print(json.dumps({{"s": took, "loaded": [m for m in heavy if m in sys.modules]}}))
 """
+
+S5_MODULES = ("agent_plugin", "agent_plugin.web")
 
 
 def _cached_bytecode_env(pycache: str) -> dict[str, str]:
@@ -485,33 +476,41 @@ def _cached_bytecode_env(pycache: str) -> dict[str, str]:
     compiles the package's sources again on every start: tens of milliseconds that no user
     pays. The cache lives outside the source tree; its first run writes it and is not counted.
     """
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = {k: v for k, v in child_env().items() if k != "PYTHONDONTWRITEBYTECODE"}
     return {**env, "PYTHONPYCACHEPREFIX": pycache}
 
 
 def s5(server: ServerProcess, *, repeats: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="s5-pycache-") as pycache:
         cached = _cached_bytecode_env(pycache)
-        environments = {"cached": cached, "as_is": dict(os.environ)}
-        imports: dict[str, list[dict[str, Any]]] = {name: [] for name in environments}
+        environments = {"cached": cached, "as_is": child_env()}
+        imports: dict[tuple[str, str], list[dict[str, Any]]] = {
+            (module, name): [] for module in S5_MODULES for name in environments
+        }
         for attempt in range(repeats + 1):  # the first ones write the bytecode: not counted
-            for name, env in environments.items():  # interleaved: the same noise for both
-                done = subprocess.run(
-                    [sys.executable, "-c", _IMPORT_PROBE],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    env=env,
-                )
-                if attempt:
-                    imports[name].append(json.loads(done.stdout))
-        importtime = subprocess.run(
-            [sys.executable, "-X", "importtime", "-c", "import agent_plugin"],
-            capture_output=True,
-            text=True,
-            check=True,
-            env=cached,
-        )
+            for module in S5_MODULES:
+                for name, env in environments.items():  # interleaved: the same noise for all
+                    done = subprocess.run(
+                        [sys.executable, "-c", _IMPORT_PROBE.format(module=module)],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                        env=env,
+                        cwd=tempfile.gettempdir(),  # nothing on the path but PYTHONPATH
+                    )
+                    if attempt:
+                        imports[module, name].append(json.loads(done.stdout))
+        importtime = {
+            module: subprocess.run(
+                [sys.executable, "-X", "importtime", "-c", f"import {module}"],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=cached,
+                cwd=tempfile.gettempdir(),
+            ).stderr
+            for module in S5_MODULES
+        }
         apps = []
         for attempt in range(max(1, repeats // 3) + 1):  # the first one caches FastAPI's too
             done = subprocess.run(
@@ -527,15 +526,19 @@ def s5(server: ServerProcess, *, repeats: int) -> dict[str, Any]:
             if attempt:
                 apps.append(json.loads(done.stdout.strip().splitlines()[-1]))
     keys = ("import_s", "build_s", "startup_s", "first_request_s", "second_request_s")
-    as_is = [i["s"] for i in imports["as_is"]]
     return {
-        "import_s_median": statistics.median(i["s"] for i in imports["cached"]),
-        "import_s_all": [i["s"] for i in imports["cached"]],
-        "import_as_is_s_median": statistics.median(as_is),
-        "import_as_is_s_all": as_is,
+        "imports": {
+            module: {name: spread([i["s"] for i in imports[module, name]]) for name in environments}
+            for module in S5_MODULES
+        },
+        "repeats": repeats,
         "dont_write_bytecode": bool(os.environ.get("PYTHONDONTWRITEBYTECODE")),
-        "loaded_by_import": imports["cached"][0]["loaded"],
-        "slowest_imports": _slowest_imports(importtime.stderr),
+        "loaded_by_import": {
+            module: imports[module, "cached"][0]["loaded"] for module in S5_MODULES
+        },
+        "slowest_imports": {
+            module: _slowest_imports(report) for module, report in importtime.items()
+        },
         "fresh_app": {k: statistics.median(a[k] for a in apps) for k in keys},
         "imported_by_first_request": sorted(
             {m for a in apps for m in a["imported_by_first_request"]}
@@ -569,7 +572,12 @@ def s6(quick: bool) -> dict[str, Any]:
         command.append("--quick")
     try:
         done = subprocess.run(
-            command, capture_output=True, text=True, timeout=30 if quick else 900, check=False
+            command,
+            capture_output=True,
+            text=True,
+            timeout=30 if quick else 900,
+            check=False,
+            env=child_env(),
         )
     except subprocess.TimeoutExpired:
         return {"status": "timed out", "command": command}
@@ -602,7 +610,12 @@ def s7(quick: bool) -> dict[str, Any]:
     command = [sys.executable, str(HERE / "bench_jobs.py"), *(["--quick"] if quick else [])]
     try:
         done = subprocess.run(
-            command, capture_output=True, text=True, timeout=90 if quick else 1200, check=False
+            command,
+            capture_output=True,
+            text=True,
+            timeout=90 if quick else 1200,
+            check=False,
+            env=child_env(),
         )
     except subprocess.TimeoutExpired:
         return {"status": "timed out", "command": command[1:]}
@@ -614,20 +627,6 @@ def s7(quick: bool) -> dict[str, Any]:
             "stderr_tail": done.stderr.strip()[-2000:],
         }
     return {"status": "ran", "command": command[1:], "report": json.loads(written.read_text())}
-
-
-def s7_markdown(data: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
-    """S7's section of the report (its tables, or why it did not run) and its target rows."""
-    out = ["## S7: background runs through one arq worker", ""]
-    if "report" not in data:
-        out += [f"Status: {data['status']}.", ""]
-        if data.get("stderr_tail"):
-            out += ["```", data["stderr_tail"], "```", ""]
-        return out, []
-    from benchmarks import bench_jobs
-
-    out += [bench_jobs.render(data["report"]), ""]
-    return out, data["report"].get("targets") or bench_jobs.target_rows(data["report"])
 
 
 # --- the server check --------------------------------------------------------------------------
@@ -675,9 +674,6 @@ async def server_check(server: ServerProcess, requests: int) -> dict[str, Any]:
     }
 
 
-# --- report --------------------------------------------------------------------------------------
-
-
 def machine() -> dict[str, Any]:
     model = ""
     with open("/proc/cpuinfo") as cpuinfo:
@@ -685,241 +681,17 @@ def machine() -> dict[str, Any]:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
+    import aiohttp
+
     return {
         "cpu": model,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "httpx": httpx.__version__,
+        "aiohttp": aiohttp.__version__,
         "load_average_at_start": os.getloadavg(),
     }
-
-
-def _f(value: float, digits: int = 0) -> str:
-    return f"{value:,.{digits}f}"
-
-
-def _x(value: float) -> str:
-    return f"{value:.2f}×"
-
-
-def _verdict(measured: float, target: float) -> str:
-    """ "met", or how far over an upper-bound target the measurement is."""
-    if measured <= target:
-        return "met"
-    return f"missed by {(measured / target - 1) * 100:.0f}% ({measured / target:.2f}× the target)"
-
-
-def render(report: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    m = report["machine"]
-    out = [
-        f"# Benchmarks{' (quick smoke run)' if report['quick'] else ''}",
-        "",
-        f"Machine: {m['cpu']}, {m['cpus']} CPUs, Python {m['python']}, httpx {m['httpx']}, "
-        f"load average (1 min) {m['load_average_at_start'][0]:.2f} at the start and "
-        f"{m['load_average_at_end'][0]:.2f} at the end (above 1, other work shared the machine "
-        "and absolute figures are inflated; ratios much less). Client pinned to CPU "
-        f"{CLIENT_CPU}, model server (separate process) to CPU {SERVER_CPU}. Figures are the "
-        "minimum over interleaved repeats; ratios are ours / baseline measured in the same run.",
-        "",
-    ]
-    targets: list[dict[str, Any]] = []
-    sc = report["scenarios"]
-
-    check = sc["server_check"]
-    out += [
-        "## The model server alone",
-        "",
-        f"Raw-socket client, {check['requests']} keep-alive requests of "
-        f"{check['request_bytes']:,} bytes (a 200-round conversation): round trip "
-        f"{_f(check['round_trip_us'])} µs, server CPU {_f(check['server_cpu_us_per_request'])} µs "
-        f"per request ({_f(check['server_user_us_per_request'])} µs of it in Python/user space).",
-        "",
-    ]
-
-    for key, title, per in (
-        ("S1", "S1: one run, sequential tool rounds, zero latency", "step"),
-        ("S2", "S2: 2 parallel tool calls per round, zero latency", "round"),
-    ):
-        data = sc[key]
-        out += [
-            f"## {title} ({data['steps']} rounds, {data['rows'][0]['repeats']} repeats)",
-            "",
-            f"| wire | mode | ours wall µs/{per} | baseline wall µs/{per} | wall ratio "
-            f"| ours CPU µs/{per} | baseline CPU µs/{per} | CPU ratio | median wall ratio "
-            "| server CPU µs/req (ours / base) | new connections per request (ours / base) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for row in data["rows"]:
-            server = row["server_cpu_us_per_request"]
-            connections = row["connections_per_request"]
-            out.append(
-                f"| {row['wire']} | {row['mode']} | {_f(row['ours_wall_us'])} "
-                f"| {_f(row['base_wall_us'])} | {_x(row['wall_ratio'])} "
-                f"| {_f(row['ours_cpu_us'])} | {_f(row['base_cpu_us'])} "
-                f"| {_x(row['cpu_ratio'])} | {_x(row['median_wall_ratio'])} "
-                f"| {_f(server['ours'])} / {_f(server['baseline'])} "
-                f"| {_f(connections['ours'], 2)} / {_f(connections['baseline'], 2)} |"
-            )
-            if key == "S1":
-                targets.append(
-                    {
-                        "target": f"S1 {row['wire']} {row['mode']}: wall/step ≤ 1.3× baseline",
-                        "measured": row["wall_ratio"],
-                        "verdict": _verdict(row["wall_ratio"], 1.3),
-                    }
-                )
-        out.append("")
-
-    data = sc["S3"]
-    out += [
-        f"## S3: {data['runs']} concurrent runs × {data['calls_per_run']} model calls at "
-        f"{data['latency_ms']} ms (ideal {data['ideal_s'] * 1000:.0f} ms, "
-        f"{data['repeats']} repeats, each in a fresh process)",
-        "",
-        "Variants: `default` is httpx's own transport with its default pool (100 connections, "
-        "20 kept alive), what the library uses unless given a transport; `pool` is the same "
-        "transport with 1000 connections kept alive; `aiohttp` is the httpx-aiohttp transport; "
-        "`lean` is the library's `LeanTransport` (HTTP/1.1 on asyncio protocols, "
-        "`AgentPlugin(http_transport=LeanTransport)`), bounded to 1000 connections like the "
-        "others. The target is met when any library configuration meets it; the `default` "
-        "rows are listed in the targets table for reference.",
-        "",
-        "| variant | wall ms | × ideal | client CPU ms/request | peak RSS KiB per run "
-        "| server CPU µs/req | new connections per request |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in data["rows"]:
-        out.append(
-            f"| {row['variant']} | {_f(row['wall_s'] * 1000)} | {_x(row['x_ideal'])} "
-            f"| {_f(row['cpu_ms_per_request'], 2)} | {_f(row['kb_per_run'], 1)} "
-            f"| {_f(row['server_cpu_us_per_request'])} "
-            f"| {_f(row['connections_per_request'], 2)} |"
-        )
-        who, _, engine = row["variant"].split(":")
-        if who == "ours" and engine in ("lean", "default"):
-            targets.append(
-                {
-                    "target": f"S3 {row['variant']}: wall ≤ 3× ideal"
-                    + (" (httpx's own transport, for reference)" if engine == "default" else ""),
-                    "measured": row["x_ideal"],
-                    "verdict": _verdict(row["x_ideal"], 3.0),
-                }
-            )
-    out.append("")
-
-    data = sc["S4"]
-    out += [
-        "## S4: marginal cost per step, (T(N) − T(0)) / N",
-        "",
-        "| wire | who | steps | wall µs/step | CPU µs/step |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for row in data["http"]:
-        out.append(
-            f"| {row['wire']} | {row['who']} | {row['steps']} | {_f(row['wall_us'])} "
-            f"| {_f(row['cpu_us'])} |"
-        )
-    out += [
-        "",
-        "| wire | measure | ours N/1 | baseline N/1 | ours less the request's growth |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for wire, flat in data["flatness"].items():
-        for key, value in flat.items():
-            out.append(
-                f"| {wire} | {key} per step, {value['steps']} vs 1 | {_x(value['ours'])} "
-                f"| {_x(value['baseline'])} | {_x(value['ours_minus_request_growth'])} |"
-            )
-            if key == "wall":
-                targets.append(
-                    {
-                        "target": f"S4 {wire}: {value['steps']}-step per-step ≤ 1.2× the 1-step "
-                        "figure, apart from the request's bytes",
-                        "measured": value["ours_minus_request_growth"],
-                        "verdict": _verdict(value["ours_minus_request_growth"], 1.2),
-                    }
-                )
-    inproc = data["in_process"]
-    out += [
-        "",
-        f"In process (benchmarks/bench_loop.py, zero-latency model object, CPU, "
-        f"{inproc['repeats']} repeats): fixed cost of a run Agent "
-        f"{_f(inproc['fixed']['agent_us'])} µs vs hand loop "
-        f"{_f(inproc['fixed']['hand_loop_us'])} µs.",
-        "",
-        "| steps | Agent µs/step | hand loop µs/step | ratio |",
-        "|---:|---:|---:|---:|",
-    ]
-    for row in inproc["rows"]:
-        out.append(
-            f"| {row['steps']} | {_f(row['agent_us'], 1)} | {_f(row['hand_loop_us'], 1)} "
-            f"| {_x(row['ratio'])} |"
-        )
-    out += ["", f"In process, 200-step vs 1-step per-step CPU: {_x(inproc['flatness'])}.", ""]
-
-    data = sc["S5"]
-    app = data["fresh_app"]
-    as_is = "in this environment as it is"
-    if data["dont_write_bytecode"]:
-        as_is += " (PYTHONDONTWRITEBYTECODE=1: the checkout compiles its sources on every start)"
-    out += [
-        "## S5: start-up",
-        "",
-        f"`import agent_plugin` in a fresh interpreter, bytecode cached (as installed): median "
-        f"{data['import_s_median'] * 1000:.0f} ms over {len(data['import_s_all'])}, least "
-        f"{min(data['import_s_all']) * 1000:.0f} ms (loads: {', '.join(data['loaded_by_import'])})."
-        f" Interleaved with those, {as_is}: median {data['import_as_is_s_median'] * 1000:.0f} ms,"
-        f" least {min(data['import_as_is_s_all']) * 1000:.0f} ms.",
-        "Most import time of their own (`-X importtime` self column, one run, bytecode cached): "
-        + ", ".join(f"{name} {sec * 1000:.0f} ms" for name, sec in data["slowest_imports"])
-        + ".",
-        "",
-        f"Fresh app (agent_plugin.web exists: FastAPI + AgentPlugin, in-memory sessions, "
-        f"ASGI transport, bytecode cached, median of {data['fresh_app_runs']}): import FastAPI + "
-        f"plugin {app['import_s'] * 1000:.0f} ms, build the app {app['build_s'] * 1000:.0f} ms, "
-        f"startup {app['startup_s'] * 1000:.1f} ms, **first request "
-        f"{app['first_request_s'] * 1000:.1f} ms**, second request "
-        f"{app['second_request_s'] * 1000:.1f} ms (one tool round: two model calls). Modules "
-        f"first imported during the first request: "
-        f"{', '.join(data['imported_by_first_request']) or 'none'}.",
-        "",
-    ]
-    targets.append(
-        {
-            "target": "S5: import agent_plugin < 0.3 s",
-            "measured": data["import_s_median"],
-            "verdict": _verdict(data["import_s_median"], 0.3),
-        }
-    )
-
-    data = sc["S6"]
-    out += ["## S6: session append", "", f"Status: {data['status']}."]
-    if data.get("output"):
-        out += ["", data["output"]]
-    data = sc.get("S7") or {"status": "not run"}
-    s7_lines, s7_targets = s7_markdown(data)
-    out += ["", *s7_lines]
-
-    out += ["## Targets", "", "| target | measured | verdict |", "|---|---:|---|"]
-    for target in targets:
-        measured = target["measured"]
-        shown = f"{measured:.2f} s" if target["target"].startswith("S5") else _x(measured)
-        out.append(f"| {target['target']} | {shown} | {target['verdict']} |")
-    ratios = sc["S6"].get("append_ratios") or {}
-    for backend, value in ratios.items():
-        out.append(
-            f"| S6 {backend}: append at 10,000 messages ≤ 1.5× at 10 | {_x(value)} "
-            f"| {_verdict(value, 1.5)} |"
-        )
-    if not ratios:
-        out.append(f"| S6: ≤ 1.5× | — | {sc['S6']['status']} |")
-    for target in s7_targets:
-        out.append(f"| {target['target']} | {_x(target['measured'])} | {target['verdict']} |")
-    if "report" not in data:
-        out.append(f"| S7: ≥ 0.7× | — | {data['status']} |")
-    out.append("")
-    return "\n".join(out), targets + s7_targets
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -933,7 +705,7 @@ class Plan:
     repeats: int
     s3_runs: int
     s3_repeats: int
-    s4_steps: tuple[int, ...]
+    s4_rounds: int
     s4_wires: tuple[str, ...]
     s4_repeats: int
     in_process_repeats: int
@@ -943,8 +715,8 @@ class Plan:
     @classmethod
     def of(cls, quick: bool) -> Plan:
         if quick:
-            return cls(True, 50, 25, 2, 100, 1, (1, 10, 50), ("openai",), 2, 3, 3, 200)
-        return cls(False, 200, 100, 7, 300, 3, (1, 10, 50, 200), WIRES, 5, 15, 9, 1000)
+            return cls(True, 50, 25, 2, 100, 1, 205, ("openai",), 1, 2, 3, 200)
+        return cls(False, 200, 100, 7, 300, 5, 205, WIRES, 5, 9, 9, 1000)
 
 
 async def run_async(plan: Plan, server: ServerProcess, only: set[str]) -> dict[str, Any]:
@@ -966,6 +738,7 @@ async def run_async(plan: Plan, server: ServerProcess, only: set[str]) -> dict[s
                 parallel=1,
                 repeats=plan.repeats,
                 stream_too=True,
+                who=("ours", "ours-async", "hand", "floor", "floor-aiohttp"),
             ),
         }
     if "S2" in only:
@@ -979,6 +752,7 @@ async def run_async(plan: Plan, server: ServerProcess, only: set[str]) -> dict[s
                 parallel=2,
                 repeats=plan.repeats,
                 stream_too=False,
+                who=("ours", "hand", "floor"),
             ),
         }
     if "S3" in only:
@@ -992,21 +766,19 @@ async def run_async(plan: Plan, server: ServerProcess, only: set[str]) -> dict[s
             quick=plan.quick,
         )
     if "S4" in only:
-        log("S4: flatness")
-        http_rows = await s4_http(
-            server.url,
-            server,
-            steps_list=plan.s4_steps,
-            wires=plan.s4_wires,
-            repeats=plan.s4_repeats,
-        )
+        log(f"S4: {plan.s4_rounds} rounds, each step timed")
         sc["S4"] = {
-            "http": http_rows,
-            "flatness": {
-                wire: {key: flatness(http_rows, wire, f"{key}_us") for key in ("wall", "cpu")}
-                for wire in plan.s4_wires
-            },
-            "in_process": await s4_in_process(plan.in_process_repeats),
+            "rounds": plan.s4_rounds,
+            "window": S4_WINDOW,
+            "repeats": plan.s4_repeats,
+            "http": await s4_http(
+                server.url,
+                server,
+                rounds=plan.s4_rounds,
+                wires=plan.s4_wires,
+                repeats=plan.s4_repeats,
+            ),
+            "in_process": await s4_in_process(plan.s4_rounds, plan.in_process_repeats),
         }
     if "S5" in only:
         log("S5: import and first request")
@@ -1022,7 +794,7 @@ async def run_async(plan: Plan, server: ServerProcess, only: set[str]) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run the benchmark suite.")
-    parser.add_argument("--quick", action="store_true", help="a short smoke run (< 60 s)")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--only", default="S1,S2,S3,S4,S5,S6,S7", help="scenarios, comma-separated")
     parser.add_argument("--child-s3", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -1047,24 +819,10 @@ def main() -> None:
         report["scenarios"] = asyncio.run(run_async(plan, server, only))
     report["machine"]["load_average_at_end"] = os.getloadavg()
     report["seconds"] = time.perf_counter() - started
-    if only >= {"S1", "S2", "S3", "S4", "S5", "S6"}:
-        markdown, targets = render(report)
-        report["targets"] = targets
-    else:
-        markdown = (
-            "(partial run: only "
-            + ", ".join(sorted(only))
-            + ")\n\n```json\n"
-            + json.dumps(report["scenarios"], indent=1, default=str)
-            + "\n```"
-        )
-        if "S7" in report["scenarios"]:  # S7's tables and targets, as in the full report
-            s7_lines, s7_targets = s7_markdown(report["scenarios"]["S7"])
-            s7_lines += [
-                f"S7 target: {t['target']}: {_x(t['measured'])} ({t['verdict']})"
-                for t in s7_targets
-            ]
-            markdown += "\n\n" + "\n".join(s7_lines)
+    markdown, targets = render(report)
+    report["targets"] = targets
+    if not only >= {"S1", "S2", "S3", "S4", "S5", "S6", "S7"}:
+        markdown = f"(partial run: only {', '.join(sorted(only))})\n\n" + markdown
     markdown += f"\nSuite took {report['seconds']:.0f} s.\n"
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "latest.md").write_text(markdown)
@@ -1074,3 +832,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+__all__ = ["Plan", "main", "run_async", "s7_markdown"]

@@ -81,7 +81,6 @@ from agent_plugin.config import AgentSettings
 from agent_plugin.mcp import MCPServer
 from agent_plugin.messages import ToolResultPart
 from agent_plugin.outcomes import NeedsApproval
-from agent_plugin.providers.base import ChatResponse
 from agent_plugin.providers.scripted import Reply, tool_call
 from agent_plugin.web import AgentHandle, AgentPlugin
 
@@ -286,16 +285,11 @@ def _answer(results: dict[str, dict[str, JsonValue]], turns: int) -> str:
 
 
 class DemoModel(ScriptedModel):
-    """The scripted model with :func:`demo_reply` as its only reply; keeps no request log."""
+    """The scripted model with :func:`demo_reply` as its only reply; keeps no request log
+    (a server runs for long)."""
 
     def __init__(self) -> None:
-        super().__init__(default=demo_reply, models=("scripted-demo",))
-
-    async def chat(self, request: ChatRequest) -> ChatResponse:
-        try:
-            return await super().chat(request)
-        finally:
-            self.requests.clear()  # a server runs for long: do not keep every request
+        super().__init__(default=demo_reply, models=("scripted-demo",), keep_requests=0)
 
 
 def demo_model(settings: AgentSettings) -> LlmClient | None:

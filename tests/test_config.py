@@ -171,6 +171,7 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "session_lock": "reject",
         "max_request_bytes": 65536,
         "model_client": None,
+        "endpoint": {},
         "mcp_servers": [{"name": "files", "command": "python", "args": ["server.py"]}],
     }
     assert settings.resolved_model() == "claude-opus-4-1"
@@ -397,6 +398,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "session_lock": "reject",
         "max_request_bytes": 4096,
         "model_client": None,
+        "endpoint": {},
         "mcp_servers": [],
     }
 

@@ -84,7 +84,8 @@ def test_the_block_really_blocks() -> None:
 
 def test_importing_the_package_leaves_optional_features_unloaded() -> None:
     """``import agent_plugin`` loads the core only: memory, skills, journals, sessions, the wire
-    clients, settings and the JSON Schema compiler load with their first use (issue 9)."""
+    clients, their HTTP engine, settings and the JSON Schema compiler load with their first use
+    (issue 9)."""
     lazy = (
         "agent_plugin.memory",
         "agent_plugin.skills",
@@ -95,6 +96,8 @@ def test_importing_the_package_leaves_optional_features_unloaded() -> None:
         "agent_plugin.config",
         "fastjsonschema",
         "httpx",
+        "aiohttp",
+        "httpx_aiohttp",
         "pydantic_settings",
     )
     script = f"import sys, agent_plugin; print([m for m in {lazy!r} if m in sys.modules])"
@@ -147,3 +150,20 @@ def test_starting_an_mcp_server_without_the_sdk_names_the_extra() -> None:
         "config MCP server 'files': the MCP SDK is not installed: "
         "pip install 'fastapi-agent-plugin[mcp]'"
     )
+
+
+def test_the_http_engine_loads_with_the_first_client_not_with_the_wire_modules() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        from agent_plugin.providers.openai import OpenAICompatibleClient
+        before = "aiohttp" in sys.modules
+        OpenAICompatibleClient(base_url="http://127.0.0.1:9/v1")
+        print(before, "aiohttp" in sys.modules)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"]

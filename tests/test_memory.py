@@ -497,3 +497,15 @@ async def test_memory_tool_errors_reach_the_model_through_the_loop() -> None:
         (canonical_json({"error": "invalid memory edit: `text`: field required"}), True),
     ]
     assert [b.entries for b in await store.load("s")] == [["12345"]]
+
+
+async def test_the_in_memory_store_forgets_the_least_recently_used_scope() -> None:
+    store = InMemoryMemoryStore(max_scopes=2)
+    await store.apply("a", AddOp(block="user", text="likes tea"))
+    await store.apply("b", AddOp(block="user", text="likes coffee"))
+    await store.load("a")  # "a" is the most recently used now
+    await store.apply("c", AddOp(block="user", text="likes water"))
+    assert (await store.load("b"))[1].entries == []  # forgotten: back to the template
+    assert (await store.load("a"))[1].entries == ["likes tea"]
+    with pytest.raises(AgentError):
+        InMemoryMemoryStore(max_scopes=0)

@@ -23,7 +23,6 @@ from agent_plugin.options import AgentOverrides
 from agent_plugin.outcomes import ApprovalDecision, AwaitingApproval, Completed, RunState
 from agent_plugin.policy import ToolRules
 from agent_plugin.providers.base import ChatRequest, LlmClient
-from agent_plugin.providers.lean import LeanTransport
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.sessions import InMemorySessionStore
@@ -863,12 +862,15 @@ async def test_the_provider_client_uses_the_apps_http_transport(tmp_path: Path) 
     assert seen[0].headers["authorization"] == "Bearer sk-x"
 
 
-async def test_lean_transport_serves_the_configured_provider(tmp_path: Path) -> None:
+async def test_http_transport_serves_the_configured_provider(tmp_path: Path) -> None:
     async with HttpServer() as model_server:
         model_server.queue(*(reply_json(chat_completion(f"answer {n}")) for n in range(3)))
         text = f'[agent]\nprovider = "openai"\nbase_url = "{model_server.url}/v1"\n'
-        plugin = make_plugin(
-            tmp_path, text, environ={"AGENT_API_KEY": "sk-x"}, http_transport=LeanTransport
+        plugin = make_plugin(  # httpx's own transport instead of the default engine
+            tmp_path,
+            text,
+            environ={"AGENT_API_KEY": "sk-x"},
+            http_transport=httpx.AsyncHTTPTransport,
         )
         async with serve(make_app(plugin)) as client:
             answers = [

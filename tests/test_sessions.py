@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -674,3 +675,28 @@ def test_entries_and_views_validate_themselves() -> None:
         SessionView(messages=[ChatMessage.user("x")], seqs=[], version=1)
     entry = MessageEntry(seq=1, message=ChatMessage.user("x"))
     assert json.loads(entry.model_dump_json())["kind"] == "message"
+
+
+# --- the in-memory store is bounded --------------------------------------------------------
+
+
+async def test_the_in_memory_store_forgets_the_least_recently_used_session(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = InMemorySessionStore(max_sessions=2)
+    await store.append("a", [ChatMessage.user("1")], expected_version=0)
+    await store.append("b", [ChatMessage.user("2")], expected_version=0)
+    assert (await store.load("a")).version == 1  # "a" is now the most recently used
+    with caplog.at_level(logging.INFO, logger="agent_plugin.sessions"):
+        await store.append("c", [ChatMessage.user("3")], expected_version=0)
+    assert (await store.load("b")).version == 0  # forgotten
+    assert (await store.load("a")).version == 1
+    assert (await store.load("c")).version == 1
+    assert any("forgot session 'b'" in r.getMessage() for r in caplog.records)
+    assert "sessions=2" in repr(store)
+    unbounded = InMemorySessionStore(max_sessions=None)
+    for i in range(50):
+        await unbounded.append(f"s{i}", [ChatMessage.user("x")], expected_version=0)
+    assert "sessions=50" in repr(unbounded)
+    with pytest.raises(AgentError):
+        InMemorySessionStore(max_sessions=0)

@@ -250,3 +250,21 @@ async def finished(
 
 def tail(output: Path) -> str:
     return output.read_text(errors="replace")[-3000:]
+
+
+async def test_a_scripted_model_keeps_only_its_latest_requests() -> None:
+    model = ScriptedModel(default="ok", keep_requests=3)
+    agent = Agent(model)
+    for _ in range(10):
+        await agent.run("hi")
+    assert model.calls == 10
+    assert len(model.requests) == 3
+    assert "calls=10" in repr(model)
+    silent = FunctionModel(lambda messages, call: f"call {call.index}", keep_requests=0)
+    for _ in range(3):
+        turn = await Agent(silent).run("hi")
+    assert isinstance(turn.outcome, Completed)
+    assert turn.outcome.text == "call 2"  # the index counts every call, kept or not
+    assert silent.requests == []
+    with pytest.raises(AgentError):
+        ScriptedModel(keep_requests=-1)

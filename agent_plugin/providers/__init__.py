@@ -8,8 +8,9 @@
 :class:`EndpointProfile` says what an OpenAI-compatible endpoint accepts (chosen from the base
 URL for known hosts); :class:`ServerTool` declares a tool Anthropic runs itself.
 
-:class:`LeanTransport` is an httpx transport for many concurrent runs (pass it to a wire client
-as ``transport=``, or ``AgentPlugin(http_transport=LeanTransport)``).
+A wire client sends through :func:`default_transport` (aiohttp behind httpx-aiohttp's
+transport) unless it is given another httpx transport as ``transport=`` (or
+``AgentPlugin(http_transport=...)``), for example httpx's own for HTTP/2.
 """
 
 from importlib import import_module
@@ -30,8 +31,8 @@ from agent_plugin.providers.retry import RetryNotice, RetryPolicy
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
 
 if TYPE_CHECKING:
+    from agent_plugin.providers.aiohttp_engine import default_transport
     from agent_plugin.providers.anthropic import AnthropicClient, ServerTool
-    from agent_plugin.providers.lean import LeanTransport
     from agent_plugin.providers.openai import OpenAICompatibleClient
     from agent_plugin.providers.profiles import EndpointProfile
 
@@ -39,9 +40,9 @@ if TYPE_CHECKING:
 _LAZY = {
     "AnthropicClient": "agent_plugin.providers.anthropic",
     "EndpointProfile": "agent_plugin.providers.profiles",
-    "LeanTransport": "agent_plugin.providers.lean",
     "OpenAICompatibleClient": "agent_plugin.providers.openai",
     "ServerTool": "agent_plugin.providers.anthropic",
+    "default_transport": "agent_plugin.providers.aiohttp_engine",
 }
 
 
@@ -57,7 +58,6 @@ __all__ = [
     "ChatRequest",
     "ChatResponse",
     "EndpointProfile",
-    "LeanTransport",
     "LlmClient",
     "OpenAICompatibleClient",
     "RetryNotice",
@@ -70,5 +70,6 @@ __all__ = [
     "ThinkingDelta",
     "ToolCallArgumentsDelta",
     "ToolCallStarted",
+    "default_transport",
     "tool_call",
 ]

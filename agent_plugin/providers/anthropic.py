@@ -55,15 +55,15 @@ from agent_plugin.providers.base import (
     StreamEvent,
     merge_extra_body,
 )
-from agent_plugin.providers.http import (
+from agent_plugin.providers.encoding import (
     EncodedCache,
-    HttpTransport,
+    EncodedPrefixes,
     RawJson,
     dumps,
     encode_json,
-    model_ids,
-    require_key,
 )
+from agent_plugin.providers.engines import DEFAULT_LIMITS
+from agent_plugin.providers.http import HttpTransport, model_ids, require_key
 from agent_plugin.providers.retry import RetryPolicy, interrupted, retry_stream
 from agent_plugin.redaction import REDACTED
 
@@ -152,11 +152,12 @@ class AnthropicClient:
 
     ``prompt_caching`` (overridable per request) marks three of Anthropic's four cache
     breakpoints: the system text, the last tool definition and the last block of the last
-    message [AP-13]. ``server_tools`` are declared after the request's own tools in every
+    message. ``server_tools`` are declared after the request's own tools in every
     request (their beta flags go in the ``anthropic-beta`` header). The key goes out in
     ``x-api-key`` only and never appears in ``repr`` or in an error; it is required for
     ``api.anthropic.com`` (a Config error otherwise), not for other base URLs (a proxy, a test
-    server).
+    server). ``transport`` and ``limits`` as for
+    :class:`~agent_plugin.providers.openai.OpenAICompatibleClient`.
     """
 
     def __init__(
@@ -170,6 +171,7 @@ class AnthropicClient:
         server_tools: Sequence[ServerTool] = (),
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen value object
         transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits = DEFAULT_LIMITS,
     ) -> None:
         require_key(PROVIDER, base_url, api_key)
         self.model = model
@@ -190,11 +192,13 @@ class AnthropicClient:
             retry=retry,
             secret=self._api_key,
             transport=transport,
+            limits=limits,
         )
         self._server_tools = [tool.wire() for tool in self.server_tools]
-        # encodings of the frozen messages and tool tuples this client has sent, unmarked; the
-        # tool list with its cache marker is kept apart
-        self._messages = EncodedCache()
+        # the encoded messages of each conversation this client carries on, and the encodings
+        # of the tool tuples it has sent, unmarked; the tool list with its cache marker is kept
+        # apart
+        self._messages = EncodedPrefixes(_encoded_message)
         self._tools = EncodedCache(max_entries=16)
         self._marked_tools = EncodedCache(max_entries=16)
 
@@ -304,7 +308,7 @@ class AnthropicClient:
         return model_ids(await self._http.get_json(MODELS_PATH), PROVIDER)
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-        """The JSON body for ``request`` (reference §1.4).
+        """The JSON body for ``request``.
 
         Unsigned thinking (reasoning from another provider) and empty text parts are left out:
         Anthropic rejects both. ``tool_choice`` is sent only with tools (Anthropic rejects it
@@ -333,24 +337,28 @@ class AnthropicClient:
         """:meth:`build_body`'s body as the JSON bytes that are sent (the same bytes
         ``json.dumps`` would give for it, compact and UTF-8).
 
-        Messages are frozen, so each one is encoded once and its bytes are reused by every later
-        request that holds the same object; so is the tool list when it is a tuple (the agent's
-        ``ToolRegistry.definitions()``). The last message, which carries the cache marker, the
-        options and the new messages are encoded per call. A message's content list must not be
-        edited in place once it has been sent: put a new message in its slot instead.
+        Messages are frozen, so a conversation's messages are encoded once: a request that
+        holds the messages of an earlier one, the same objects in the same order, reuses their
+        bytes and encodes only the messages after them
+        (:class:`~agent_plugin.providers.encoding.EncodedPrefixes`); the tool list is reused
+        when it is the same tuple (the agent's ``ToolRegistry.definitions()``). The last
+        message, which carries the cache marker, the options and the new messages are encoded
+        per call. A message's content list must not be edited in place once it has been sent:
+        put a new message in its slot instead.
         """
         caching = self._caching(request)
         history = request.messages
-        chunks = self._messages.encodings(history, _encoded_message)
+        prefix = self._messages.encoded(history)
         # a system message encodes to nothing (it is sent apart), as does a message without
         # blocks: the system text is found among those few, not by reading every message's role
-        system = _system_text([m for m, data in zip(history, chunks, strict=True) if not data])
-        if caching:  # the last message sent carries a cache marker: encode it afresh
-            for index in range(len(chunks) - 1, -1, -1):
-                if chunks[index]:
-                    chunks[index] = _encoded_message(history[index], marked=True)
-                    break
-        messages = RawJson(b"[" + b",".join(filter(None, chunks)) + b"]")
+        system = _system_text(prefix.skipped)
+        data = prefix.data
+        if caching and prefix.last_index >= 0:
+            # the last message sent carries a cache marker: encoded afresh, after the others
+            marked = _encoded_message(history[prefix.last_index], marked=True)
+            messages = RawJson(b"[", memoryview(data)[: prefix.last], marked, b"]")
+        else:
+            messages = RawJson(b"[", data, b"]")
         tools = RawJson(self._encoded_tools(request.tools, caching=caching))
         body = self._body(request, messages, tools, system, caching=caching, stream=stream)
         return encode_json(body)

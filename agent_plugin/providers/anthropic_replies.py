@@ -186,7 +186,7 @@ def _response(message: Mapping[str, Any], parts: list[ContentPart]) -> ChatRespo
 
 
 def _usage(raw: object) -> TokenUsage:
-    """Anthropic's ``input_tokens`` excludes cached tokens; ours is the whole prompt [AP-14]."""
+    """Anthropic's ``input_tokens`` excludes cached tokens; ours is the whole prompt."""
     if raw is None:
         return TokenUsage()
     if not isinstance(raw, dict):

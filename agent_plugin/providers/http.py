@@ -1,10 +1,10 @@
-"""HTTP plumbing shared by the wire clients: one pooled httpx client, errors, SSE, retries.
+"""HTTP plumbing shared by the wire clients: one pooled transport, errors, SSE, retries.
 
 Also the small pieces both wire clients need in the same form: :func:`loads` (JSON text to a
 value, or a Decode error), :func:`json_text`, :func:`needs_api_key` / :func:`require_key`,
-:func:`model_ids`, :func:`sse_lines`, and the request encoding: :func:`encode_json` with
-:class:`RawJson` splices JSON encoded earlier into a body, and :class:`EncodedCache` keeps such
-encodings per object.
+:func:`model_ids` and :func:`sse_lines`. How a body becomes bytes is
+:mod:`~agent_plugin.providers.encoding`; how bytes reach the network,
+:mod:`~agent_plugin.providers.engines`.
 """
 
 from __future__ import annotations
@@ -15,27 +15,23 @@ import codecs
 import contextlib
 import json
 import re
-from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+import sys
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import httpx
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
+from agent_plugin.providers.encoding import dumps
+from agent_plugin.providers.engines import DEFAULT_LIMITS, Engine, HttpxEngine, Opened
 from agent_plugin.providers.failures import failure_kind, failure_note
-from agent_plugin.providers.proxies import environment_proxy
-from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_after, retry_call
+from agent_plugin.providers.retry import RetryNotice, RetryPolicy, parse_retry_after, retry_failed
 from agent_plugin.redaction import REDACTED, scrub
 
 __all__ = [
-    "EncodedCache",
     "HttpTransport",
-    "RawJson",
     "SseEvent",
-    "compact_json",
-    "dumps",
-    "encode_json",
     "iter_sse",
     "json_text",
     "loads",
@@ -45,11 +41,9 @@ __all__ = [
     "sse_lines",
 ]
 
-_K = TypeVar("_K")
-
 _JSON_ERRORS: Final = (ValueError, RecursionError)  # RecursionError: absurdly deep nesting
 
-# Hosts that never answer without a key (SPEC §0); other base URLs (Ollama, vLLM, a proxy, a test
+# Hosts that never answer without a key; other base URLs (Ollama, vLLM, a proxy, a test
 # server) may need none.
 _KEYED_HOSTS: Final = frozenset({"api.openai.com", "api.anthropic.com"})
 
@@ -72,132 +66,6 @@ def json_text(value: object) -> str:
         return json.dumps(value, ensure_ascii=False)
     except (TypeError, *_JSON_ERRORS):
         return repr(value)
-
-
-# The one request encoding: compact, UTF-8 as is (not \u-escaped). A prepared encoder skips
-# building one per call, which json.dumps does whenever an option differs from its defaults.
-_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
-def compact_json(value: object) -> str:
-    """``value`` as request JSON text: compact separators, non-ASCII characters as they are."""
-    try:
-        return _ENCODER.encode(value)
-    except (TypeError, ValueError) as error:
-        raise _unsendable(error) from None
-
-
-def dumps(value: object) -> bytes:
-    """``value`` as request JSON: :func:`compact_json` in UTF-8."""
-    try:
-        return _ENCODER.encode(value).encode()
-    except (TypeError, ValueError) as error:  # a non-JSON value, NaN, a lone surrogate
-        raise _unsendable(error) from None
-
-
-def _unsendable(error: Exception) -> AgentError:
-    return AgentError.config(f"the request cannot be sent as JSON: {error}")
-
-
-@dataclass(frozen=True, slots=True)
-class RawJson:
-    """JSON encoded earlier by :func:`dumps`, for :func:`encode_json` to splice in verbatim."""
-
-    data: bytes
-
-
-def encode_json(body: Mapping[str, Any]) -> bytes:
-    """``body`` as request JSON, with every top-level :class:`RawJson` value spliced in as is.
-
-    The bytes are those :func:`dumps` gives for ``body`` with each ``RawJson`` replaced by the value
-    it encodes, keys in the same order; the other values are encoded in runs, one
-    :func:`dumps` per run of consecutive keys.
-    """
-    out: list[bytes] = [b"{"]
-    run: dict[str, Any] = {}
-    for key, value in body.items():
-        if type(value) is not RawJson:
-            run[key] = value
-            continue
-        if run:
-            out += (dumps(run)[1:-1], b",")
-            run = {}
-        out += (dumps(key), b":", value.data, b",")
-    if run:
-        out.append(dumps(run)[1:-1])
-    elif len(out) > 1:
-        out.pop()  # the comma after the last spliced value
-    out.append(b"}")
-    return b"".join(out)
-
-
-class EncodedCache:
-    """Encodings of immutable objects (frozen messages, tuples of tool definitions), by identity.
-
-    An entry keeps its object alive, so the object's ``id`` cannot be reused while the entry
-    exists, and :meth:`get` checks identity anyway. Bounded both in entries and in encoded bytes:
-    the least recently used entries go first, and an encoding larger than the whole byte budget
-    is not kept. Equal but distinct objects get entries of their own. The defaults hold an agent's
-    long history, or a few hundred concurrent short runs. Each client has its own; not
-    thread-safe (one event loop uses a client).
-    """
-
-    def __init__(self, *, max_entries: int = 4096, max_bytes: int = 32 * 1024 * 1024) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[int, tuple[object, bytes]] = OrderedDict()
-        self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def size(self) -> int:
-        """The encoded bytes held."""
-        return self._bytes
-
-    def clear(self) -> None:
-        """Drop every entry (and the references to their objects)."""
-        self._entries.clear()
-        self._bytes = 0
-
-    def get(self, key: object) -> bytes | None:
-        """The encoding stored for this very object, or None."""
-        entry = self._entries.get(id(key))
-        if entry is None or entry[0] is not key:
-            return None
-        self._entries.move_to_end(id(key))
-        return entry[1]
-
-    def encodings(self, keys: Iterable[_K], encode: Callable[[_K], bytes]) -> list[bytes]:
-        """The encoding of each key in order: stored ones reused, missing ones made by
-        ``encode`` and stored (:meth:`get` and :meth:`put` in one loop, for long histories)."""
-        entries = self._entries
-        touch = entries.move_to_end
-        out: list[bytes] = []
-        for key in keys:
-            entry = entries.get(id(key))
-            if entry is not None and entry[0] is key:
-                touch(id(key))
-                out.append(entry[1])
-            else:
-                data = encode(key)
-                self.put(key, data)
-                out.append(data)
-        return out
-
-    def put(self, key: object, data: bytes) -> None:
-        """Store ``data`` for ``key``; the least recently used entries beyond the bounds go."""
-        if len(data) > self.max_bytes:
-            return
-        old = self._entries.pop(id(key), None)
-        if old is not None:
-            self._bytes -= len(old[1])
-        self._entries[id(key)] = (key, data)
-        self._bytes += len(data)
-        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-            _, (_, evicted) = self._entries.popitem(last=False)
-            self._bytes -= len(evicted)
 
 
 def needs_api_key(base_url: str) -> bool:
@@ -330,15 +198,18 @@ async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[str, None]:
 
 
 class HttpTransport:
-    """One pooled httpx transport for one provider, with retries and typed errors.
+    """One pooled connection pool for one provider, with retries and typed errors.
 
-    Requests go to the :class:`httpx.AsyncBaseTransport` directly, not through an
+    Requests go to an :class:`~agent_plugin.providers.engines.Engine`, never through an
     :class:`httpx.AsyncClient`: a provider call needs none of the client's layers (cookies,
     auth flows, redirects, base-URL merging), and they cost more CPU per request than the
-    rest of a step. Without a ``transport`` it is httpx's own, through the proxy the
-    environment names for ``base_url`` (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``,
-    ``NO_PROXY``), as an ``AsyncClient`` would choose. A given ``transport`` is used as it is
-    (httpx ignores the environment's proxies then, too).
+    rest of a step. Without a ``transport`` it is the default one
+    (:func:`~agent_plugin.providers.aiohttp_engine.default_transport`: aiohttp behind
+    httpx-aiohttp's transport, a pool of ``limits``, certificates checked, through the proxy
+    the environment names for ``base_url``: ``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``,
+    ``NO_PROXY``). A given ``transport`` is used as it is (httpx ignores the environment's
+    proxies then, too): an ``httpx_aiohttp.AiohttpTransport`` is sent through its aiohttp
+    session directly, any other httpx transport gets :class:`httpx.Request` objects.
 
     Every failure leaves as an :class:`AgentError`: a non-2xx status is classified by
     :meth:`ErrorKind.from_http_status` with the provider's name, the status, ``Retry-After`` and
@@ -358,6 +229,7 @@ class HttpTransport:
         retry: RetryPolicy,
         secret: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits = DEFAULT_LIMITS,
     ) -> None:
         self.provider = provider
         try:
@@ -374,64 +246,89 @@ class HttpTransport:
         self.base_url = str(url)
         self.retry = retry
         self._secret = secret
-        self._transport = (
-            transport
-            if transport is not None
-            else httpx.AsyncHTTPTransport(proxy=environment_proxy(url))
-        )
+        if transport is None:
+            from agent_plugin.providers.aiohttp_engine import default_transport
+
+            transport = default_transport(self.base_url, limits=limits)
         post = httpx.Headers(common)
         post["content-type"] = "application/json"
         sse = httpx.Headers(post)
         sse["accept"] = "text/event-stream"
-        self._headers = {"GET": common, "POST": post, "SSE": sse}
-        self._extensions = {"timeout": httpx.Timeout(timeout).as_dict()}
-        self._urls: dict[str, httpx.URL] = {}
+        kinds = {"GET": common, "POST": post, "SSE": sse}
+        self._engine = _engine_for(transport, self.base_url, kinds, timeout)
         self._closed = False
 
     def __repr__(self) -> str:
         return f"HttpTransport(provider={self.provider!r}, base_url={self.base_url!r})"
 
+    @property
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """The httpx transport the requests go through (the default one, or the one given)."""
+        return self._engine.transport
+
     async def aclose(self) -> None:
         """Close the pooled connections; requests after this fail."""
         self._closed = True
-        await self._transport.aclose()
+        await self._engine.aclose()
 
-    async def get_json(
+    def get_json(
         self,
         path: str,
         *,
         deadline: float | None = None,
         on_retry: Callable[[RetryNotice], None] | None = None,
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """The JSON body of a GET, retried like :meth:`post_json`."""
-        return await retry_call(
-            lambda: self._request_json("GET", path, None),
-            self.retry,
-            deadline=deadline,
-            on_retry=on_retry,
-        )
+        return self._json("GET", path, None, deadline, on_retry)
 
-    async def post_json(
+    def post_json(
         self,
         path: str,
         body: Mapping[str, Any] | bytes,
         *,
         deadline: float | None = None,
         on_retry: Callable[[RetryNotice], None] | None = None,
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """The JSON body of a POST of ``body``; retryable failures are retried per the policy.
 
         ``body`` is a mapping to encode, or JSON already encoded (sent as given). ``deadline``
         (event-loop time) stops retrying when the next wait would pass it; ``on_retry`` hears of
-        each retry.
+        each retry. (It returns the request's coroutine rather than being one: a coroutine
+        fewer alive across every model call.)
         """
-        content = _encode(body)
-        return await retry_call(
-            lambda: self._request_json("POST", path, content),
-            self.retry,
-            deadline=deadline,
-            on_retry=on_retry,
-        )
+        return self._json("POST", path, _encode(body), deadline, on_retry)
+
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        content: bytes | None,
+        deadline: float | None = None,
+        on_retry: Callable[[RetryNotice], None] | None = None,
+        *,
+        retrying: bool = False,
+    ) -> Any:
+        """One attempt; the first (``retrying`` false) hands a failure to the retries, so a call
+        that succeeds at once (nearly every one) builds nothing for them."""
+        started = 0.0 if retrying else asyncio.get_running_loop().time()
+        try:
+            self._check_open()
+            try:
+                status, headers, data = await self._engine.exchange(method, path, method, content)
+            except httpx.HTTPError as exc:
+                raise self._transport_error(exc) from None
+            return self._decoded(status, headers, data)
+        except AgentError as error:
+            if retrying:
+                raise
+            return await retry_failed(
+                error,
+                lambda: self._json(method, path, content, retrying=True),
+                self.retry,
+                started=started,
+                deadline=deadline,
+                on_retry=on_retry,
+            )
 
     async def post_sse(
         self, path: str, body: Mapping[str, Any] | bytes
@@ -446,16 +343,21 @@ class HttpTransport:
         :func:`contextlib.aclosing`) to free the connection at once.
         """
         content = _encode(body)
-        response = await self._send(self._request("POST", path, content, "SSE"))
-        if not response.is_success:
+        self._check_open()
+        try:
+            response = await self._engine.open("POST", path, "SSE", content)
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from None
+        if not 200 <= response.status < 300:
             try:
-                text = (await response.aread()).decode("utf-8", "replace")
+                text = _text(await response.read(), response.headers)
             except httpx.HTTPError as exc:
                 raise self._transport_error(exc) from None
             finally:
                 await response.aclose()
-            raise self._status_error(response.status_code, text, response.headers)
-        lines = sse_lines(response.aiter_bytes())
+            raise self._status_error(response.status, text, response.headers)
+        chunks = response.chunks()
+        lines = sse_lines(chunks)
         events = iter_sse(lines)
         try:
             while True:
@@ -468,58 +370,34 @@ class HttpTransport:
                 yield event
         except GeneratorExit:
             # the caller stopped reading, normally at the stream's end marker: read what is
-            # left (usually nothing) so the connection goes back to the pool, not to waste
-            await _drain(events)
+            # left of the body, if it has not all arrived, so the connection goes back to the
+            # pool, not to waste
+            if not response.complete():
+                await _drain(events)
             raise
         finally:
-            await _close_stream(response, lines, events)
+            await _close_stream(response, chunks, lines, events)
 
-    def _url(self, path: str) -> httpx.URL:
-        """The absolute URL of ``path``, parsed once (httpx parses a string on every request)."""
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = httpx.URL(self.base_url + path)
-        return url
-
-    def _request(self, method: str, path: str, content: bytes | None, kind: str) -> httpx.Request:
-        return httpx.Request(
-            method,
-            self._url(path),
-            headers=self._headers[kind],
-            content=content,
-            extensions=self._extensions,
-        )
-
-    async def _send(self, request: httpx.Request) -> httpx.Response:
+    def _check_open(self) -> None:
         if self._closed:
             raise AgentError(
                 ErrorKind.INTERNAL, f"the {self.provider} client is closed", provider=self.provider
             )
-        try:
-            return await self._transport.handle_async_request(request)
-        except httpx.HTTPError as exc:
-            raise self._transport_error(exc) from None
 
-    async def _request_json(self, method: str, path: str, content: bytes | None) -> Any:
-        response = await self._send(self._request(method, path, content, method))
-        try:
-            data = await response.aread()
-        except httpx.HTTPError as exc:
-            raise self._transport_error(exc) from None
-        finally:
-            await response.aclose()
-        if not response.is_success:
-            raise self._status_error(response.status_code, response.text, response.headers)
+    def _decoded(self, status: int, headers: Mapping[str, str], data: bytes) -> Any:
+        """The JSON value of a 2xx answer's body; the classified error of any other answer."""
+        if not 200 <= status < 300:
+            raise self._status_error(status, _text(data, headers), headers)
         try:
             return json.loads(data)
         except _JSON_ERRORS as exc:
-            text = scrub(response.text.strip(), self._secret)
+            text = scrub(_text(data, headers).strip(), self._secret)
             raise AgentError(
                 ErrorKind.DECODE,
-                f"{self.provider} answered {response.status_code} with a body that is not JSON"
+                f"{self.provider} answered {status} with a body that is not JSON"
                 f" ({exc}): {text[:BODY_LIMIT]}",
                 provider=self.provider,
-                status=response.status_code,
+                status=status,
                 body=text,
             ) from None
 
@@ -591,13 +469,50 @@ async def _drain(events: AsyncGenerator[SseEvent, None]) -> None:
 
 
 async def _close_stream(
-    response: httpx.Response,
+    response: Opened,
+    chunks: AsyncIterator[bytes],
     lines: AsyncGenerator[str, None],
     events: AsyncGenerator[SseEvent, None],
 ) -> None:
+    # each generator closed here, outermost first: one left unfinished would be closed by the
+    # event loop's finalizer instead, with a wake-up of the loop and a task of its own
     await events.aclose()
     await lines.aclose()
+    close = getattr(chunks, "aclose", None)
+    if close is not None:
+        await close()
     await response.aclose()
+
+
+def _text(body: bytes, headers: Mapping[str, str]) -> str:
+    """An answer's body as text: in the charset its content type names, else UTF-8 (a byte
+    that does not decode becomes U+FFFD)."""
+    _, _, params = headers.get("content-type", "").partition(";")
+    charset = "utf-8"
+    for param in params.split(";"):
+        name, _, value = param.strip().partition("=")
+        if name.lower() == "charset" and value:
+            charset = value.strip("\"' ")
+    try:
+        return body.decode(charset, "replace")
+    except LookupError:
+        return body.decode("utf-8", "replace")
+
+
+def _engine_for(
+    transport: httpx.AsyncBaseTransport,
+    base_url: str,
+    headers: Mapping[str, Mapping[str, str]],
+    timeout: float,
+) -> Engine:
+    """The engine for ``transport``: its aiohttp session for an httpx-aiohttp transport (such
+    a transport exists only once httpx_aiohttp was imported), httpx's requests otherwise."""
+    module = sys.modules.get("httpx_aiohttp")
+    if module is not None and isinstance(transport, module.AiohttpTransport):
+        from agent_plugin.providers.aiohttp_engine import AiohttpEngine
+
+        return AiohttpEngine(transport, base_url, headers, timeout)
+    return HttpxEngine(transport, base_url, headers, timeout)
 
 
 # A secret cut short by a length limit leaves its first characters at the end of a text; this many

@@ -61,15 +61,19 @@ from agent_plugin.providers.base import (
     ToolCallStarted,
     merge_extra_body,
 )
-from agent_plugin.providers.failures import failure_kind, failure_note
-from agent_plugin.providers.http import (
+from agent_plugin.providers.encoding import (
     EncodedCache,
-    HttpTransport,
+    EncodedPrefixes,
     RawJson,
-    SseEvent,
     compact_json,
     dumps,
     encode_json,
+)
+from agent_plugin.providers.engines import DEFAULT_LIMITS
+from agent_plugin.providers.failures import failure_kind, failure_note
+from agent_plugin.providers.http import (
+    HttpTransport,
+    SseEvent,
     json_text,
     loads,
     model_ids,
@@ -96,8 +100,10 @@ class OpenAICompatibleClient:
     ``repr``, errors or logs. It is required for ``api.openai.com`` (a Config error otherwise);
     local servers (Ollama, vLLM, llama.cpp) usually need none. ``profile`` says what the
     endpoint accepts (default: the known profile of ``base_url``'s host, see
-    :func:`~agent_plugin.providers.profiles.profile_for`). ``transport`` replaces httpx's
-    network transport (tests, proxies).
+    :func:`~agent_plugin.providers.profiles.profile_for`). Requests go through
+    :func:`~agent_plugin.providers.default_transport` (aiohttp, a pool of ``limits``, the
+    environment's proxy) unless ``transport`` gives another httpx transport (httpx's own for
+    HTTP/2, a test's ``MockTransport``).
     """
 
     def __init__(
@@ -110,6 +116,7 @@ class OpenAICompatibleClient:
         profile: EndpointProfile | None = None,
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen, so sharing is safe
         transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits = DEFAULT_LIMITS,
     ) -> None:
         require_key(PROVIDER, base_url, api_key)
         self.model = model
@@ -124,13 +131,13 @@ class OpenAICompatibleClient:
             retry=retry,
             secret=self._api_key,
             transport=transport,
+            limits=limits,
         )
-        # encodings of the frozen messages and tool tuples this client has sent (with and
-        # without strict schemas)
-        self._messages = EncodedCache()
+        # the encoded messages of each conversation this client carries on, and the encodings
+        # of the tool tuples it has sent (with and without strict schemas)
+        self._messages = EncodedPrefixes(functools.partial(_encoded_message, profile=self.profile))
         self._tools = EncodedCache(max_entries=16)
         self._strict_tools = EncodedCache(max_entries=16)
-        self._encode_message = functools.partial(_encoded_message, profile=self.profile)
 
     @property
     def provider_name(self) -> str:
@@ -155,7 +162,7 @@ class OpenAICompatibleClient:
         await self._http.aclose()
 
     def build_body(self, request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-        """The JSON body for ``request`` (reference §1.4), as the client's profile allows.
+        """The JSON body for ``request``, as the client's profile allows.
 
         ``tools`` and ``tool_choice`` are sent only when there are tools; the output cap (under
         the profile's name for it), ``temperature`` and ``stop`` only when set; a stream asks
@@ -173,13 +180,16 @@ class OpenAICompatibleClient:
         """:meth:`build_body`'s body as the JSON bytes that are sent (the same bytes
         ``json.dumps`` would give for it, compact and UTF-8).
 
-        Messages are frozen, so each one is encoded once and its bytes are reused by every later
-        request that holds the same object; so is the tool list when it is a tuple (the agent's
-        ``ToolRegistry.definitions()``). Only the options and the new messages are encoded per
-        call. A message's content list must not be edited in place once it has been sent:
-        put a new message in its slot instead.
+        Messages are frozen, so a conversation's messages are encoded once: a request that
+        holds the messages of an earlier one, the same objects in the same order, reuses their
+        bytes and encodes only the messages after them
+        (:class:`~agent_plugin.providers.encoding.EncodedPrefixes`); the tool list is reused
+        when it is the same tuple (the agent's ``ToolRegistry.definitions()``). Only the
+        options and the new messages are encoded per call. A message's content list must not
+        be edited in place once it has been sent: put a new message in its slot instead.
         """
-        messages = RawJson(self._encoded_messages(request.messages))
+        # a tool message without results sends nothing (its encoding is empty)
+        messages = RawJson(b"[", self._messages.encoded(request.messages).data, b"]")
         tools = RawJson(self._encoded_tools(request)) if request.tools else None
         return encode_json(self._body(request, messages, tools, stream=stream))
 
@@ -215,12 +225,6 @@ class OpenAICompatibleClient:
                 body["stream_options"] = {"include_usage": True}
         merge_extra_body(body, request.extra_body)
         return body
-
-    def _encoded_messages(self, messages: list[ChatMessage]) -> bytes:
-        """The ``messages`` array; each message's bytes come from the cache when they can."""
-        chunks = self._messages.encodings(messages, self._encode_message)
-        # a tool message without results sends nothing (its encoding is empty)
-        return b"[" + b",".join(filter(None, chunks)) + b"]"
 
     def _encoded_tools(self, request: ChatRequest) -> bytes:
         """The ``tools`` array; kept per tuple (a list may change, so it is encoded each time)."""

@@ -1,6 +1,7 @@
 """Retrying provider calls: full-jitter exponential backoff that honours ``Retry-After``.
 
-:func:`retry_call` retries one awaitable; :func:`retry_stream` retries a stream attempt that
+:func:`retry_call` retries one awaitable (:func:`retry_failed` once its first attempt has
+failed); :func:`retry_stream` retries a stream attempt that
 failed before it produced anything, and :func:`interrupted` is the error of one that failed
 after (its output was shown, so it is not retried here).
 """
@@ -25,6 +26,7 @@ __all__ = [
     "interrupted",
     "parse_retry_after",
     "retry_call",
+    "retry_failed",
     "retry_stream",
 ]
 
@@ -105,12 +107,34 @@ async def retry_call(
     attempt would end at or after ``deadline`` (event-loop time, ``loop.time()``), the error is
     raised at once instead of sleeping. ``on_retry`` hears of each retry before its wait.
     """
-    retries = _Retries(policy, deadline, on_retry)
+    started = asyncio.get_running_loop().time()
+    try:
+        return await op()
+    except AgentError as error:
+        return await retry_failed(
+            error, op, policy, started=started, deadline=deadline, on_retry=on_retry
+        )
+
+
+async def retry_failed(
+    error: AgentError,
+    op: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    *,
+    started: float,
+    deadline: float | None = None,
+    on_retry: Callable[[RetryNotice], None] | None = None,
+) -> T:
+    """:func:`retry_call` for a call whose first attempt, begun at ``started`` (event-loop
+    time), failed with ``error``: the caller makes the first attempt itself, so a call that
+    succeeds at once (nearly every one) builds nothing for its retries."""
+    retries = _Retries(policy, deadline, on_retry, started)
     while True:
+        await retries.wait_or_raise(error)
         try:
             return await op()
-        except AgentError as error:
-            await retries.wait_or_raise(error)
+        except AgentError as again:
+            error = again
 
 
 async def retry_stream(
@@ -127,7 +151,7 @@ async def retry_stream(
     is raised unchanged: a retry would repeat what the caller already has (see
     :func:`interrupted`). Each attempt's iterator is closed when it ends, fails or is left.
     """
-    retries = _Retries(policy, deadline, on_retry)
+    retries = _Retries(policy, deadline, on_retry, asyncio.get_running_loop().time())
     while True:
         started = False
         try:
@@ -181,12 +205,13 @@ class _Retries:
         policy: RetryPolicy,
         deadline: float | None,
         on_retry: Callable[[RetryNotice], None] | None,
+        started: float,
     ) -> None:
         self.policy = policy
         self.deadline = deadline
         self.on_retry = on_retry
         self.loop = asyncio.get_running_loop()
-        self.started = self.loop.time()
+        self.started = started
         self.attempt = 1
 
     async def wait_or_raise(self, error: AgentError) -> None:

@@ -50,10 +50,13 @@ def tool_call(name: str, arguments: JsonValue = None, *, id: str = "") -> ToolCa
 
 
 class ScriptedModel:
-    """Pops one scripted reply per call and records every request it was sent.
+    """Pops one scripted reply per call and records the requests it was sent.
 
     When the script runs out it answers ``default`` (the text ``"default"`` unless set).
     Replies given as text or tool calls report ``usage`` (10 in / 5 out unless set).
+    ``requests`` keeps the latest ``keep_requests`` requests (``None``: all of them), so a
+    long-lived process that serves on a scripted model does not grow; ``calls`` counts them
+    all.
     """
 
     provider_name = "scripted"
@@ -65,22 +68,32 @@ class ScriptedModel:
         default: Reply = "default",
         usage: TokenUsage = DEFAULT_USAGE,
         models: Iterable[str] = ("scripted",),
+        keep_requests: int | None = 1000,
     ) -> None:
+        if keep_requests is not None and keep_requests < 0:
+            raise AgentError.config(f"keep_requests must be 0 or more, got {keep_requests}")
         self.script: deque[Reply] = deque(replies)
         self.default = default
         self.usage = usage
         self.models = list(models)
+        self.keep_requests = keep_requests
         self.requests: list[ChatRequest] = []
+        self.calls = 0
+        """How many calls the model answered (or raised for), however many are kept."""
         self._ids = itertools.count(1)
 
     def __repr__(self) -> str:
-        return f"ScriptedModel(remaining={len(self.script)}, requests={len(self.requests)})"
+        return f"ScriptedModel(remaining={len(self.script)}, calls={self.calls})"
 
     def push(self, *replies: Reply) -> None:
         self.script.extend(replies)
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
+        self.calls += 1
         self.requests.append(request)
+        keep = self.keep_requests
+        if keep is not None and len(self.requests) > keep:
+            del self.requests[: len(self.requests) - keep]
         reply = self.script.popleft() if self.script else self.default
         return await self._resolve(reply, request)
 

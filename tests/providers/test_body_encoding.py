@@ -1,7 +1,7 @@
-"""``encode_body``: the bytes both wire clients send, built from per-message encodings kept per
-client, must always be the JSON of ``build_body`` (byte for byte: the same compact encoding,
-keys in the same order), whatever the history, the options, ``extra_body`` and the cache's
-state."""
+"""``encode_body``: the bytes both wire clients send, built from the encoded prefixes of the
+conversations a client carries on, must always be the JSON of ``build_body`` (byte for byte: the
+same compact encoding, keys in the same order), whatever the history, the options,
+``extra_body`` and the store's state."""
 
 from __future__ import annotations
 
@@ -37,7 +37,14 @@ from agent_plugin.providers import anthropic as anthropic_module
 from agent_plugin.providers import openai as openai_module
 from agent_plugin.providers.anthropic import AnthropicClient
 from agent_plugin.providers.base import ChatRequest, StreamDone
-from agent_plugin.providers.http import EncodedCache, RawJson, dumps, encode_json
+from agent_plugin.providers.encoding import (
+    MESSAGE_COST,
+    EncodedCache,
+    EncodedPrefixes,
+    RawJson,
+    dumps,
+    encode_json,
+)
 from agent_plugin.providers.openai import OpenAICompatibleClient
 from tests.providers.test_anthropic_wire import REQUESTS, conversation
 from tests.providers.test_openai_wire import request_for
@@ -417,7 +424,7 @@ def test_encoded_cache_is_keyed_by_identity_and_checks_it() -> None:
     # an entry whose object is not the one asked about (an id reused) is never served
     cache._entries[id(b)] = (a, b"stale")
     assert cache.get(b) is None
-    assert cache.encodings([b], lambda key: b"fresh") == [b"fresh"]
+    cache.put(b, b"fresh")
     assert cache.get(b) == b"fresh"
 
 
@@ -445,31 +452,130 @@ def test_encoded_cache_evicts_the_least_recently_used_within_both_bounds() -> No
     assert cache.get(keys[4]) == b"1"
 
 
-def test_encoded_cache_stays_bounded_over_a_long_history() -> None:
-    cache = EncodedCache(max_entries=50, max_bytes=10_000)
-    history = [Key() for _ in range(200)]
-    made: list[Key] = []
+class Counting:
+    """An encoder that records what it encodes; ``empty`` keys encode to nothing."""
+
+    def __init__(self, empty: tuple[Key, ...] = ()) -> None:
+        self.made: list[Key] = []
+        self.empty = empty
+
+    def __call__(self, key: Key) -> bytes:
+        self.made.append(key)
+        return b"" if key in self.empty else b'"%d"' % (id(key) % 1000)
+
+
+def joined(encode: Counting, keys: list[Key]) -> bytes:
+    return b",".join(data for data in map(encode, keys) if data)
+
+
+def test_encoded_prefixes_encode_only_the_messages_after_the_known_prefix() -> None:
+    encode = Counting()
+    store: EncodedPrefixes[Key] = EncodedPrefixes(encode)
+    history = [Key(), Key()]
+    assert store.encoded(history).data == joined(Counting(), history)
+    assert encode.made == history
+    for _ in range(50):
+        new = [Key(), Key()]
+        history += new
+        encode.made.clear()
+        prefix = store.encoded(list(history))  # a new list each time, as the agent sends
+        assert encode.made == new  # the earlier messages are not encoded again
+        assert prefix.data == joined(Counting(), history)
+        assert store.encoded(list(history)) is prefix  # the same request again: nothing new
+    assert encode.made == new
+    assert len(store) == 1  # one entry per conversation, however long it grew
+
+
+def test_a_list_with_another_object_in_its_head_is_encoded_afresh() -> None:
+    encode = Counting()
+    store: EncodedPrefixes[Key] = EncodedPrefixes(encode)
+    history = [Key(), Key(), Key()]
+    store.encoded(history)
+    swapped = [Key(), *history[1:]]  # the same last message, another head (truncation, a hook)
+    encode.made.clear()
+    assert store.encoded(swapped).data == joined(Counting(), swapped)
+    assert encode.made == swapped
+
+
+def test_equal_messages_that_encode_differently_are_never_confused() -> None:
+    # 1 == True and {"a": 1, "b": 2} == {"b": 2, "a": 1}: equal values, other JSON
+    store: EncodedPrefixes[ChatMessage] = EncodedPrefixes(
+        lambda m: dumps(m.model_dump(mode="json"))
+    )
+
+    def call(arguments: dict[str, Any]) -> ChatMessage:
+        part = ToolCallPart(tool_call=ToolCall(id="c", name="f", arguments=arguments))
+        return ChatMessage(role=Role.ASSISTANT, content=[part])
+
+    tail = ChatMessage.user("go on")
+    first = [call({"n": 1, "m": 2}), tail]
+    second = [call({"m": 2, "n": True}), tail]
+    assert first[0] == second[0]
+    store.encoded(first)
+    assert b'"n":true' in store.encoded(second).data
+
+
+def test_a_fork_from_an_earlier_point_is_encoded_as_it_is() -> None:
+    encode = Counting()
+    store: EncodedPrefixes[Key] = EncodedPrefixes(encode)
+    trunk = [Key(), Key()]
+    store.encoded([*trunk, Key()])
+    other = [*trunk, Key(), Key()]
+    assert store.encoded(other).data == joined(Counting(), other)
+
+
+def test_empty_encodings_are_skipped_and_kept_apart() -> None:
+    a, system, b, c = Key(), Key(), Key(), Key()
+    encode = Counting(empty=(system, c))
+    store: EncodedPrefixes[Key] = EncodedPrefixes(encode)
+    prefix = store.encoded([a, system, b])
+    assert prefix.skipped == [system]
+    assert prefix.data == joined(Counting(), [a, b])
+    assert prefix.last_index == 2
+    assert prefix.data[prefix.last :] == Counting()(b)
+    prefix = store.encoded([a, system, b, c])  # nothing new to send
+    assert prefix.skipped == [system, c]
+    assert prefix.last_index == 2
+    assert prefix.data == joined(Counting(), [a, b])
+    only_empty = store.encoded([c])
+    assert (only_empty.data, only_empty.last_index) == (b"", -1)
+
+
+def test_a_message_that_fails_to_encode_leaves_the_prefix_as_it_was() -> None:
+    bad = Key()
 
     def encode(key: Key) -> bytes:
-        made.append(key)
+        if key is bad:
+            raise AgentError.config("cannot")
         return b"{}"
 
-    assert cache.encodings(history, encode) == [b"{}"] * 200
-    assert len(cache) == 50
-    assert made == history
-    made.clear()
-    assert cache.encodings(history[-50:], encode) == [b"{}"] * 50
-    assert made == []  # the most recent 50 are still there
+    store: EncodedPrefixes[Key] = EncodedPrefixes(encode)
+    history = [Key(), Key()]
+    store.encoded(history)
+    with pytest.raises(AgentError):
+        store.encoded([*history, Key(), bad])
+    assert store.encoded([*history, Key()]).data == b"{},{},{}"
 
 
-def test_encoded_cache_encodings_count_as_use() -> None:
-    cache = EncodedCache(max_entries=3, max_bytes=100)
-    keys = [Key() for _ in range(4)]
-    assert cache.encodings(keys[:3], lambda key: b"x") == [b"x"] * 3
-    assert cache.encodings([keys[0]], lambda key: b"new") == [b"x"]  # a hit, now most recent
-    cache.put(keys[3], b"y")
-    assert cache.get(keys[1]) is None
-    assert cache.get(keys[0]) == b"x"
+def test_encoded_prefixes_stay_within_their_bounds() -> None:
+    budget = 10 * MESSAGE_COST  # about ten message objects kept alive
+    store: EncodedPrefixes[Key] = EncodedPrefixes(
+        lambda key: b"{}", max_entries=3, max_bytes=budget
+    )
+    for one in [[Key()] for _ in range(5)]:
+        store.encoded(one)
+    assert len(store) == 3  # the least recently used went
+    long = [Key() for _ in range(8)]  # with the others, more than the budget holds
+    store.encoded(long)
+    assert store.size <= budget
+    assert store.size == sum(entry.size for entry in store._entries.values())
+    assert store.encoded(long).data == b",".join([b"{}"] * 8)
+    kept = (len(store), store.size)
+    huge = [Key() for _ in range(11)]  # more than the whole budget: encoded, not kept
+    assert store.encoded(huge).data == b",".join([b"{}"] * 11)
+    assert (len(store), store.size) == kept
+    store.clear()
+    assert (len(store), store.size) == (0, 0)
 
 
 @pytest.mark.parametrize("make", [openai_client, anthropic_client])
@@ -477,6 +583,6 @@ async def test_aclose_lets_go_of_the_messages(make: Callable[[], Client]) -> Non
     client = make()
     request = ChatRequest(messages=[ChatMessage.user("hi"), *tool_round(0)], tools=LOOKUP)
     client.encode_body(request, stream=False)
-    assert len(client._messages) == 3
+    assert len(client._messages) == 1  # the conversation's encoded prefix
     await client.aclose()
     assert len(client._messages) == 0

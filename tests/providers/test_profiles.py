@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.messages import (
     ChatMessage,
@@ -31,6 +33,7 @@ from agent_plugin.messages import (
     ToolResult,
 )
 from agent_plugin.providers.base import ChatRequest
+from agent_plugin.providers.factory import create_client
 from agent_plugin.providers.openai import OpenAICompatibleClient
 from agent_plugin.providers.profiles import GENERIC, PROFILES, EndpointProfile, profile_for, replace
 from tests.wire import fixture_names, load
@@ -381,3 +384,50 @@ def test_reasoning_goes_back_where_the_host_takes_it(name: str, wire: dict[str, 
     assert client.encode_body(ChatRequest(messages=[said]), stream=False).count(b"hmm") == (
         1 if wire else 0
     )
+
+
+# --- [agent.endpoint] -----------------------------------------------------------------------
+
+
+def test_the_endpoint_table_changes_the_hosts_profile(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[agent]\nbase_url = "https://api.mistral.ai/v1"\n\n'
+        "[agent.endpoint]\nimages = false\nparallel_tool_calls = false\n",
+        encoding="utf-8",
+    )
+    settings = AgentSettings.load(environ={}, config_file=config)
+    client = create_client(settings, api_key="k-test-12345678")
+    assert isinstance(client, OpenAICompatibleClient)
+    assert client.profile.name == "mistral"
+    assert client.profile.stream_usage is False  # Mistral's own
+    assert (client.profile.images, client.profile.parallel_tool_calls) == (False, False)
+    # name picks another profile to start from, for a gateway in front of a known host
+    named = AgentSettings.load(
+        {"base_url": "https://gateway.example/v1", "endpoint": {"name": "groq"}}, environ={}
+    )
+    assert create_client(named, api_key=None).profile.name == "groq"  # type: ignore[attr-defined]
+    plain = AgentSettings.load({"base_url": "https://gateway.example/v1"}, environ={})
+    assert create_client(plain, api_key=None).profile is GENERIC  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ({"imgs": False}, "unknown endpoint profile field(s): imgs"),
+        ({"name": "nope"}, "unknown endpoint profile 'nope'"),
+        ({"name": 3}, "name must be a profile name"),
+        ({"system_role": "boss"}, "system_role must be one of"),
+    ],
+)
+def test_a_bad_endpoint_table_is_a_config_error_naming_it(
+    table: dict[str, object], says: str
+) -> None:
+    settings = AgentSettings.load(
+        {"base_url": "https://gateway.example/v1", "endpoint": table}, environ={}
+    )
+    with pytest.raises(AgentError) as caught:
+        create_client(settings, api_key=None)
+    assert caught.value.kind is ErrorKind.CONFIG
+    assert "[agent.endpoint]" in str(caught.value)
+    assert says in str(caught.value)

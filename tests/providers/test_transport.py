@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
+from agent_plugin.providers.aiohttp_engine import default_transport
 from agent_plugin.providers.http import HttpTransport, SseEvent
-from agent_plugin.providers.lean import LeanTransport
 from agent_plugin.providers.proxies import environment_proxy
 from agent_plugin.providers.retry import RetryNotice, RetryPolicy, retry_stream
 from agent_plugin.redaction import REDACTED
@@ -46,9 +46,14 @@ def _plain_http() -> httpx.AsyncHTTPTransport:
     return httpx.AsyncHTTPTransport(verify=False)
 
 
-ENGINES: dict[str, Callable[[], httpx.AsyncBaseTransport]] = {
-    "httpx": _plain_http,
-    "lean": LeanTransport,
+def _aiohttp(url: str) -> httpx.AsyncBaseTransport:
+    """The default engine (aiohttp behind httpx-aiohttp), as a wire client makes it."""
+    return default_transport(url, verify=False)
+
+
+ENGINES: dict[str, Callable[[str], httpx.AsyncBaseTransport]] = {
+    "httpx": lambda _: _plain_http(),
+    "aiohttp": _aiohttp,
 }
 
 
@@ -62,7 +67,8 @@ async def server() -> AsyncIterator[HttpServer]:
 async def make_transport(
     server: HttpServer, request: pytest.FixtureRequest
 ) -> AsyncIterator[MakeTransport]:
-    """HttpTransports on httpx's own engine, and (a second run of every test) on LeanTransport."""
+    """HttpTransports on httpx's own engine, and (a second run of every test) on the default
+    one, aiohttp behind httpx-aiohttp's transport."""
     engine = ENGINES[request.param]
     made: list[HttpTransport] = []
 
@@ -74,7 +80,7 @@ async def make_transport(
             timeout=timeout,
             retry=retry,
             secret=SECRET,
-            transport=engine(),
+            transport=engine(server.url),
         )
         made.append(transport)
         return transport
@@ -610,6 +616,7 @@ async def test_stream_closed_early_by_the_caller_frees_the_connection(
         assert await anext(events) == SseEvent(None, '{"n": 1}')
     assert await transport.post_json("/y", BODY) == OK
     assert len(server.requests) == 2
+    assert {r.connection for r in server.requests} == {1}  # back in the pool, not dropped
 
 
 # --- the test server itself ----------------------------------------------------------------
@@ -639,7 +646,7 @@ async def test_server_scripts_answers_from_the_request_and_flags_unplanned_ones(
 
 
 def test_a_request_that_is_not_json_is_a_typed_error() -> None:
-    from agent_plugin.providers.http import dumps
+    from agent_plugin.providers.encoding import dumps
 
     for bad in ({"x": {1, 2}}, {"text": "\ud800 lone surrogate"}):
         with pytest.raises(AgentError) as caught:
@@ -772,3 +779,122 @@ async def test_a_closed_transport_refuses_requests(
         await transport.post_json("/chat/completions", BODY)
     assert caught.value.kind is ErrorKind.INTERNAL
     assert server.requests == []
+
+
+async def test_a_body_that_does_not_decompress_is_a_decode_error(
+    server: HttpServer, make_transport: MakeTransport
+) -> None:
+    broken = gzip.compress(json.dumps(OK).encode())[:-12] + b"not gzip at all"
+    server.queue(
+        Reply(200, {"content-type": "application/json", "content-encoding": "gzip"}, broken)
+    )
+    with pytest.raises(AgentError) as caught:
+        await make_transport().post_json("/chat/completions", BODY)
+    assert caught.value.kind is ErrorKind.DECODE
+    assert len(server.requests) == 1  # not retried: the server would send the same again
+
+
+async def test_an_error_body_is_read_in_its_charset(
+    server: HttpServer, make_transport: MakeTransport
+) -> None:
+    body = "trop de requêtes".encode("latin-1")
+    server.queue(Reply(400, {"content-type": "text/plain; charset=ISO-8859-1"}, body))
+    with pytest.raises(AgentError) as caught:
+        await make_transport().post_json("/x", BODY)
+    assert caught.value.body == "trop de requêtes"
+
+
+# --- the default engine ---------------------------------------------------------------------
+
+
+async def test_the_default_engine_is_aiohttp_behind_httpx_aiohttp(server: HttpServer) -> None:
+    from httpx_aiohttp import AiohttpTransport
+
+    server.queue(reply_json(OK), reply_json(OK))
+    transport = _default_engine(server.url)
+    try:
+        assert isinstance(transport.transport, AiohttpTransport)
+        assert await transport.post_json("/x", BODY) == OK
+        assert await transport.post_json("/x", BODY) == OK
+    finally:
+        await transport.aclose()
+    assert [r.connection for r in server.requests] == [1, 1]  # one kept-alive connection
+
+
+async def test_the_pool_is_bounded_by_the_limits(server: HttpServer) -> None:
+    gate = asyncio.Event()
+
+    async def held(_: RecordedRequest) -> Reply:
+        await gate.wait()
+        return reply_json(OK)
+
+    server.queue(held, held, held)
+    transport = HttpTransport(
+        PROVIDER,
+        server.url,
+        headers={},
+        timeout=5.0,
+        retry=FAST,
+        limits=httpx.Limits(max_connections=1),
+    )
+    try:
+        calls = [asyncio.ensure_future(transport.post_json("/x", BODY)) for _ in range(3)]
+        await asyncio.sleep(0.2)
+        assert len(server.requests) == 1  # the others wait for the one connection
+        gate.set()
+        assert await asyncio.gather(*calls) == [OK] * 3
+    finally:
+        await transport.aclose()
+    assert {r.connection for r in server.requests} == {1}
+
+
+async def test_an_aiohttp_transport_of_ones_own_is_sent_through_its_session(
+    server: HttpServer,
+) -> None:
+    import aiohttp
+    from httpx_aiohttp import AiohttpTransport
+
+    given = AiohttpTransport()
+    server.queue(reply_json(OK), sse([sse_event({"n": 1})]))
+    transport = HttpTransport(
+        PROVIDER, server.url, headers={"x-app": "mine"}, timeout=5.0, retry=FAST, transport=given
+    )
+    try:
+        assert await transport.post_json("/x", BODY) == OK
+        assert await _collect(transport.post_sse("/x", BODY)) == [SseEvent(None, '{"n": 1}')]
+        assert isinstance(given.client, aiohttp.ClientSession)  # made on first use, kept there
+    finally:
+        await transport.aclose()
+    assert all(r.headers["x-app"] == "mine" for r in server.requests)
+    assert given.client.closed
+
+
+async def test_the_default_engine_sends_proxy_credentials_from_the_environment(
+    server: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.url.replace("http://", "http://me:s%3Acret@"))
+    server.queue(reply_json(OK))
+    transport = _default_engine("http://model.invalid/v1")
+    try:
+        assert await transport.post_json("/chat/completions", BODY) == OK
+    finally:
+        await transport.aclose()
+    [request] = server.requests
+    assert request.path == "http://model.invalid/v1/chat/completions"
+    assert request.headers["proxy-authorization"] == "Basic bWU6czpjcmV0"  # me:s:cret
+
+
+def test_a_socks_proxy_gets_httpx_own_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ALL_PROXY", "socks5://socks.invalid:1080")
+    try:
+        import socksio  # noqa: F401
+    except ImportError:  # httpx's own refuses a SOCKS proxy without it, as it always did
+        with pytest.raises(ImportError, match="socksio"):
+            default_transport("https://api.openai.com/v1")
+        return
+    transport = default_transport("https://api.openai.com/v1")  # aiohttp speaks no SOCKS
+    assert isinstance(transport, httpx.AsyncHTTPTransport)
