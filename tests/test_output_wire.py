@@ -2,9 +2,8 @@
 httpx's mock transport: replies are recorded bodies (``tests/fixtures/wire``) with the
 final answer put in, and the requests are read back as the wire carried them.
 
-Tool and prompted mode need nothing new from the wire. Native mode's replies are read here
-too; how its request is encoded waits for the provider rewrite (the strict-xfail tests at
-the end say exactly what each encoder must send, and fail the day they pass)."""
+Tool and prompted mode need nothing new from the wire. Native mode is a ``response_format``
+on the OpenAI-compatible wire and a tool the reply must call on Anthropic's."""
 
 from __future__ import annotations
 
@@ -17,12 +16,15 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from agent_plugin.agent import Agent
+from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, OutputDelta, RunEnded
+from agent_plugin.messages import ChatMessage
 from agent_plugin.outcomes import AgentOutcome, Completed
 from agent_plugin.providers.anthropic import AnthropicClient
-from agent_plugin.providers.base import LlmClient
+from agent_plugin.providers.base import ChatRequest, LlmClient, ResponseFormat
 from agent_plugin.providers.openai import OpenAICompatibleClient
 from agent_plugin.providers.retry import RetryPolicy
+from agent_plugin.tools import FnTool
 from tests.wire import anthropic_stream, data_payloads, load, openai_stream, sse
 
 Wire = Literal["openai", "anthropic"]
@@ -264,12 +266,6 @@ async def test_a_native_reply_in_text_streams_its_partials(streamed: bool) -> No
         assert partials(events)[-1] == PARIS
 
 
-PENDING = pytest.mark.xfail(
-    strict=True, reason="native mode's request encoding lands with the provider rewrite"
-)
-
-
-@PENDING
 async def test_native_mode_sends_a_json_schema_response_format_on_the_openai_wire() -> None:
     sent: list[dict[str, Any]] = []
     agent = Agent(
@@ -297,7 +293,6 @@ async def test_native_mode_sends_a_json_schema_response_format_on_the_openai_wir
     }
 
 
-@PENDING
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "stream"])
 async def test_native_mode_goes_through_a_forced_tool_on_the_anthropic_wire(
     streamed: bool,
@@ -324,3 +319,42 @@ async def test_native_mode_goes_through_a_forced_tool_on_the_anthropic_wire(
     assert outcome.output == CityLocation(**PARIS)
     if streamed:
         assert partials(events)[-1] == PARIS
+
+
+async def test_native_mode_on_anthropic_beside_the_agents_tools_requires_any_tool() -> None:
+    sent: list[dict[str, Any]] = []
+    look = FnTool("look", "Look.", {"type": "object"}, lambda arguments: "seen")
+    agent = Agent(
+        client("anthropic", [anthropic_tool_reply("CityLocation", PARIS)], sent),
+        tools=[look],
+        output_type=CityLocation,
+        output_mode="native",
+    )
+    outcome, _ = await run(agent, False)
+    assert sent[0]["tool_choice"] == {"type": "any"}
+    assert set(offered_tools("anthropic", sent[0])) == {"look", "CityLocation"}
+    assert isinstance(outcome, Completed)
+    assert outcome.output == CityLocation(**PARIS)
+
+
+async def test_native_mode_where_the_endpoint_cannot_take_it_is_a_config_error() -> None:
+    sent: list[dict[str, Any]] = []
+    deepseek = OpenAICompatibleClient(
+        model="deepseek-chat",
+        base_url="https://api.deepseek.com",
+        api_key="sk-test-deepseek-1234",
+        transport=httpx.MockTransport(lambda request: httpx.Response(500)),
+    )
+    agent = Agent(deepseek, output_type=CityLocation, output_mode="native")
+    with pytest.raises(AgentError) as caught:
+        await agent.run("Where?")
+    assert caught.value.kind is ErrorKind.CONFIG
+    assert "response_format" in str(caught.value)
+    thinking = ChatRequest(
+        messages=[ChatMessage.user("Where?")],
+        response_format=ResponseFormat("CityLocation", {"type": "object"}),
+        extra_body={"thinking": {"type": "enabled", "budget_tokens": 1024}},
+    )
+    with pytest.raises(AgentError, match="extended thinking"):
+        await client("anthropic", [], sent).chat(thinking)
+    assert sent == []  # refused before anything was sent

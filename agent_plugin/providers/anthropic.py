@@ -34,6 +34,7 @@ from agent_plugin.messages import (
     Role,
     ServerToolCallPart,
     ServerToolResultPart,
+    StopReason,
     TextPart,
     ThinkingPart,
     ToolCallPart,
@@ -53,6 +54,9 @@ from agent_plugin.providers.base import (
     ChatResponse,
     StreamDone,
     StreamEvent,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallStarted,
     merge_extra_body,
 )
 from agent_plugin.providers.encoding import (
@@ -225,6 +229,8 @@ class AnthropicClient:
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         """Send the request and return the whole reply, a paused turn continued."""
+        native = request.response_format
+        request = _through_a_tool(request)
         turn: ChatResponse | None = None
         container: str | None = None
         for _ in range(PAUSE_TURN_LIMIT + 1):
@@ -244,7 +250,7 @@ class AnthropicClient:
             if reply.raw_stop_reason != PAUSE_TURN:
                 break
         assert turn is not None  # the loop runs at least once
-        return turn
+        return turn if native is None else _as_text(turn, native.name)
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         """Send the request with ``stream: true``; yield deltas, then one :class:`StreamDone`.
@@ -257,6 +263,9 @@ class AnthropicClient:
         error event the server will repeat) are raised as they are. A paused turn is
         continued in the same stream.
         """
+        native = request.response_format
+        request = _through_a_tool(request)
+        native_calls: set[int] = set()
         turn: ChatResponse | None = None
         container: str | None = None
         shown = False
@@ -276,9 +285,19 @@ class AnthropicClient:
                     async for event in events:
                         if isinstance(event, _Finished):
                             reply, container = event.response, event.container or container
-                        else:
-                            shown = True
-                            yield event
+                            continue
+                        shown = True
+                        if native is not None:  # the forced tool's input is the reply's text
+                            if isinstance(event, ToolCallStarted) and event.name == native.name:
+                                native_calls.add(event.index)
+                                continue
+                            if (
+                                isinstance(event, ToolCallArgumentsDelta)
+                                and event.index in native_calls
+                            ):
+                                yield TextDelta(event.fragment)
+                                continue
+                        yield event
                 assert reply is not None  # every attempt ends with _Finished or raises
                 turn = reply if turn is None else _joined(turn, reply)
                 if reply.raw_stop_reason != PAUSE_TURN:
@@ -286,7 +305,7 @@ class AnthropicClient:
         except AgentError as error:
             raise self._http.scrub_error(interrupted(error) if shown else error) from None
         assert turn is not None
-        yield StreamDone(turn)
+        yield StreamDone(turn if native is None else _as_text(turn, native.name))
 
     async def _stream_once(
         self, request: ChatRequest, first_tool_call: int
@@ -420,6 +439,54 @@ class AnthropicClient:
             if cacheable:
                 cache.put(tools, data)
         return data
+
+
+# --- native structured output: through a tool ------------------------------------------------
+
+
+def _through_a_tool(request: ChatRequest) -> ChatRequest:
+    """A request for native structured output as Anthropic takes one: a tool whose input is
+    the answer, which the reply must call (the only tool: that tool; beside the agent's own
+    tools: any tool, so the agent may still call them first). Extended thinking refuses a
+    forced tool, so the two together are a Config error."""
+    fmt = request.response_format
+    if fmt is None:
+        return request
+    if "thinking" in request.extra_body:
+        raise AgentError.config(
+            "anthropic takes native structured output only through a forced tool, which "
+            "extended thinking refuses: use output_mode='tool' (or 'prompted') with thinking"
+        )
+    answer = ToolDefinition(
+        name=fmt.name,
+        description=fmt.description or f"Give the final answer as {fmt.name}.",
+        input_schema=dict(fmt.schema),
+    )
+    return dataclasses.replace(
+        request,
+        tools=(*request.tools, answer),
+        tool_choice=fmt.name if not request.tools else "required",
+        response_format=None,
+    )
+
+
+def _as_text(reply: ChatResponse, name: str) -> ChatResponse:
+    """``reply`` with the answer tool's call turned into the text it stands for (its input as
+    JSON), so the transcript holds no call that nothing answers."""
+    content: list[ContentPart] = []
+    answered = False
+    for part in reply.content:
+        if isinstance(part, ToolCallPart) and part.tool_call.name == name:
+            call = part.tool_call
+            content.append(TextPart(text=call.raw_arguments or dumps(call.arguments).decode()))
+            answered = True
+        else:
+            content.append(part)
+    if not answered:
+        return reply
+    others = any(isinstance(part, ToolCallPart) for part in content)
+    stop = reply.stop_reason if others else StopReason.END_TURN
+    return reply.model_copy(update={"content": content, "stop_reason": stop})
 
 
 # --- request -------------------------------------------------------------------------------

@@ -213,6 +213,17 @@ class OpenAICompatibleClient:
                 body["parallel_tool_calls"] = parallel
             elif parallel is False:
                 raise _unexpressible(profile, "parallel_tool_calls: false")
+        fmt = request.response_format
+        if fmt is not None:
+            if not profile.response_format:
+                raise _unexpressible(profile, "response_format json_schema (native output)")
+            schema: dict[str, Any] = {"name": fmt.name}
+            if fmt.description:
+                schema["description"] = fmt.description
+            schema["schema"] = fmt.schema
+            if fmt.strict and profile.strict_tools:
+                schema["strict"] = True
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
         if request.max_tokens is not None:
             body[profile.max_tokens_field] = request.max_tokens
         if request.temperature is not None:

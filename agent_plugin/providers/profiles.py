@@ -51,7 +51,10 @@ class EndpointProfile:
     * ``system_role``: the role system instructions are sent with, ``system`` or ``developer``.
     * ``parallel_tool_calls``, ``tool_choice``, ``strict_tools``, ``images``: whether the
       server takes the ``parallel_tool_calls`` field, honours ``tool_choice``, takes
-      ``strict: true`` on a function definition, and takes images in user messages.
+      ``strict: true`` on a function definition (and on a response format), and takes images
+      in user messages.
+    * ``response_format``: whether it takes ``response_format: {"type": "json_schema"}``
+      (native structured output).
 
     A request the endpoint cannot express is a Config error when it would change the answer
     (a tool choice other than ``auto``, ``parallel_tool_calls: false``, an image); a request
@@ -69,6 +72,7 @@ class EndpointProfile:
     tool_choice: bool = True
     strict_tools: bool = True
     images: bool = True
+    response_format: bool = True
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -93,6 +97,7 @@ _FLAGS: Final = (
     "tool_choice",
     "strict_tools",
     "images",
+    "response_format",
 )
 
 GENERIC: Final = EndpointProfile()
@@ -125,7 +130,11 @@ PROFILES: Final[Mapping[str, EndpointProfile]] = {
         strict_tools=False,
     ),
     "deepseek": EndpointProfile(
-        name="deepseek", parallel_tool_calls=False, strict_tools=False, images=False
+        name="deepseek",
+        parallel_tool_calls=False,
+        strict_tools=False,
+        images=False,
+        response_format=False,  # json_object only
     ),
     "together": EndpointProfile(
         name="together",
