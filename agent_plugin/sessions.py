@@ -495,7 +495,7 @@ async def resume(
     mine = state.messages[state.history_length :]
     newer = await sessions.entries(session, after=expected, limit=len(mine) + 1)
     if newer and mine and [e.message for e in newer if isinstance(e, MessageEntry)] == mine:
-        return await agent.resume(state, decisions)  # saved already: its outcome, unsaved
+        return await agent.resume(state, decisions, options=options)  # saved already: unsaved
     if newer:
         raise AgentError(
             ErrorKind.CONFLICT,

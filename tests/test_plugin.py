@@ -28,6 +28,7 @@ from agent_plugin.runtime import AgentRuntime
 from agent_plugin.sessions import InMemorySessionStore
 from agent_plugin.tools import ToolEffect, tool
 from agent_plugin.web import PROBLEM_TYPE_PREFIX, AgentHandle, AgentPlugin
+from agent_plugin.web.handle import NOT_INSTALLED
 from agent_plugin.web.health import NOT_STARTED, AgentHealth, ComponentHealth
 from tests.httpserver import Hang, HttpServer, reply_json
 
@@ -371,7 +372,8 @@ async def test_503_without_the_plugin() -> None:
             await client.get("/tool-names"),
         ):
             assert response.status_code == 503
-            assert response.json() == {"detail": "agent plugin is not installed"}
+            assert response.json() == {"detail": NOT_INSTALLED}
+            assert "has not started" in NOT_INSTALLED
 
 
 async def test_503_before_the_plugin_started(tmp_path: Path) -> None:

@@ -38,7 +38,10 @@ __all__ = [
 
 logger = logging.getLogger("agent_plugin")
 
-NOT_INSTALLED: Final = "agent plugin is not installed"
+NOT_INSTALLED: Final = (
+    "agent plugin is not installed or has not started: serve the app with the plugin's lifespan "
+    "(FastAPI(lifespan=plugin.lifespan) or plugin.install(app))"
+)
 
 STATE_KEY: Final = "agent_plugin_app"
 """Where a running plugin keeps its :class:`AppAgent` on ``app.state``."""
