@@ -532,6 +532,9 @@ class MCPConnection:
         receives them without one)."""
         try:
             async with client.listen(tools_list_changed=True) as subscription:
+                # a change between the first listing and the subscription's ack came before
+                # the stream could carry it (listen has no replay): list once more
+                self._changed.set()
                 async for _event in subscription:
                     self._changed.set()
         except ListenNotSupportedError:
