@@ -1361,9 +1361,11 @@ async def test_stalled_runs_are_those_a_job_should_be_running(database: Database
         job_id="resume-job",
     )
     await asyncio.sleep(0.3)
-    async with database.write() as conn:  # "new" changed just now
+    async with database.write() as conn:  # "new" changed just now (a minute ahead, so that it
+        # is still "just now" however slowly the machine runs the queries below)
+        just_now = utcnow() + timedelta(minutes=1)
         await conn.execute(
-            sa.update(RunRow).where(RunRow.run_id == ids["new"]).values(updated_at=utcnow())
+            sa.update(RunRow).where(RunRow.run_id == ids["new"]).values(updated_at=just_now)
         )
     mine = {run_id: name for name, run_id in ids.items()} | {
         paused_id: "paused",
