@@ -6,6 +6,7 @@ connection as plain JSON. One run (or resume) emits, in order::
     run_start
       turn_start
         model_request  (text_delta | thinking_delta | tool_call_delta | output_delta)*  (retry)*
+          (retry_succeeded | retry_exhausted)   after any retry: how the retries ended
           model_response
         (approval_required | tool_start* tool_progress* tool_end*)
       turn_end
@@ -53,7 +54,9 @@ __all__ = [
     "OutcomeSummary",
     "OutputDelta",
     "PendingApproval",
+    "RetryExhausted",
     "RetryScheduled",
+    "RetrySucceeded",
     "RunEnded",
     "RunStarted",
     "Steered",
@@ -130,6 +133,27 @@ class RetryScheduled(_Event):
     max_attempts: int
     wait_seconds: float
     error: ErrorInfo
+
+
+class RetrySucceeded(_Event):
+    """A call that was retried succeeded: after ``attempts`` attempts (the first included),
+    ``elapsed_seconds`` after its first attempt began. Follows the call's ``retry`` events."""
+
+    type: Literal["retry_succeeded"] = "retry_succeeded"
+    attempts: int
+    elapsed_seconds: float
+
+
+class RetryExhausted(_Event):
+    """A call that was retried did not succeed: its last attempt failed with ``error`` (no
+    retry was left, or the error was not worth one), or the run was ``cancelled`` or hit its
+    ``deadline`` meanwhile (``error`` is then ``None``). ``attempts`` is how many failed."""
+
+    type: Literal["retry_exhausted"] = "retry_exhausted"
+    attempts: int
+    elapsed_seconds: float
+    reason: Literal["error", "cancelled", "deadline"] = "error"
+    error: ErrorInfo | None = None
 
 
 class ModelResponded(_Event):
@@ -271,6 +295,8 @@ AgentEvent: TypeAlias = Annotated[
     | ToolCallDeltaEvent
     | OutputDelta
     | RetryScheduled
+    | RetrySucceeded
+    | RetryExhausted
     | ModelResponded
     | ToolStarted
     | ToolProgress

@@ -34,7 +34,6 @@ from agent_plugin.events import (
     ModelRequestStarted,
     ModelResponded,
     OutputDelta,
-    RetryScheduled,
     RunEnded,
     RunStarted,
     Steered,
@@ -98,7 +97,7 @@ from agent_plugin.providers.base import (
     ToolCallArgumentsDelta,
     ToolCallStarted,
 )
-from agent_plugin.providers.retry import RetryNotice
+from agent_plugin.retrying import CallRetries
 from agent_plugin.rounds import ToolRound
 from agent_plugin.tools import (
     ToolRegistry,
@@ -209,6 +208,7 @@ class RunLoop:
         self.cancel = options.cancel
         self.emit = options.on_event
         self.streaming = options.stream
+        self.retries = CallRetries(run_id, self.emit) if self.emit is not None else None
         self.hooks = agent.hook_set
         self.system: ChatMessage | None = None  # set by execute(): preparing may need I/O
         self.system_cost = 0
@@ -460,7 +460,7 @@ class RunLoop:
                 max_tokens=output_cap,
                 temperature=agent.temperature,
                 deadline=self.deadline,
-                on_retry=self.on_retry if self.emit is not None else None,
+                on_retry=self.retries.scheduled if self.retries is not None else None,
             )
             hooks = self.hooks
             # what the model hooks are told, made only when there are any (it would otherwise
@@ -479,12 +479,23 @@ class RunLoop:
                         max_tokens=request.max_tokens,
                     )
                 )
+            retries = self.retries
             try:
                 response = await self.call_model(request)
             except _DeadlinePassed:
+                if retries is not None:
+                    retries.failed(None, "deadline")
                 return self.exhausted("deadline")
             except RunCancelled:
+                if retries is not None:
+                    retries.failed(None, "cancelled")
                 return self.cancelled()
+            except AgentError as error:
+                if retries is not None:
+                    retries.failed(error)
+                raise
+            if retries is not None:
+                retries.succeeded()
             control = None
             for after in hooks.after_model:
                 control = await after(response, info) or control
@@ -554,18 +565,6 @@ class RunLoop:
         if isinstance(control, CancelRun):
             return Cancelled(reason=control.reason, steps_used=self.steps_used, usage=self.usage)
         return Paused(reason=control.reason, state=self.state(pending))
-
-    def on_retry(self, notice: RetryNotice) -> None:
-        if self.emit is not None:
-            self.emit(
-                RetryScheduled(
-                    run_id=self.run_id,
-                    attempt=notice.attempt,
-                    max_attempts=notice.max_attempts,
-                    wait_seconds=notice.wait,
-                    error=notice.error.info(),
-                )
-            )
 
     # --- the model call --------------------------------------------------------------------
 

@@ -261,6 +261,43 @@ async def test_cancel_and_messages_of_an_unknown_run_are_404(client: httpx.Async
     assert steer.status_code == 404
 
 
+# --- retries of the whole run [OP-14] --------------------------------------------------------
+
+
+async def test_op14_a_background_runs_retries_end_with_retry_succeeded(
+    client: httpx.AsyncClient,
+) -> None:
+    run_id = await start(client, plan(fail={"round": 0, "times": 2, "kind": "rate_limited"}))
+    record = await wait_for(client, run_id, {"complete", "failed"})
+    assert record["status"] == "complete", record
+    status, seen = await events(client, run_id)
+    assert status == 200
+    kinds = [frame["event"] for frame in seen]
+    assert kinds.count("retry") == 2
+    assert "retry_exhausted" not in kinds
+    (end,) = [frame["data"] for frame in seen if frame["event"] == "retry_succeeded"]
+    assert end["attempts"] == 3 == record["attempt"]
+    assert end["elapsed_seconds"] >= 0.0
+    assert kinds.index("retry_succeeded") > max(i for i, k in enumerate(kinds) if k == "retry")
+    assert kinds[-2:] == ["retry_succeeded", "run_end"]
+
+
+async def test_op14_a_background_run_out_of_retries_ends_with_retry_exhausted(
+    client: httpx.AsyncClient,
+) -> None:
+    run_id = await start(client, plan(fail={"round": 0, "times": 5, "kind": "unavailable"}))
+    record = await wait_for(client, run_id, {"complete", "failed"})
+    assert record["status"] == "failed", record
+    status, seen = await events(client, run_id)
+    assert status == 200
+    kinds = [frame["event"] for frame in seen]
+    assert kinds.count("retry") == 2
+    (end,) = [frame["data"] for frame in seen if frame["event"] == "retry_exhausted"]
+    assert end["attempts"] == 3
+    assert end["error"]["kind"] == "unavailable"
+    assert kinds[-2:] == ["retry_exhausted", "run_end"]
+
+
 # --- steering -------------------------------------------------------------------------------
 
 

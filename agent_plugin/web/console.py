@@ -146,6 +146,10 @@ CONSOLE_SCRIPT: Final = r"""
       entry("note", "retry", "attempt " + e.attempt + " of " + e.max_attempts +
         " in " + e.wait_seconds + " s: " + (e.error && e.error.message));
     },
+    retry_succeeded(e) { entry("note", "retry", "succeeded after " + e.attempts + " attempts"); },
+    retry_exhausted(e) {
+      entry("note", "retry", "gave up after " + e.attempts + " failed attempts (" + e.reason + ")");
+    },
     model_response(e) {
       if (!streamed && e.message) {
         const text = (e.message.content || []).filter((p) => typeof p.text === "string")
