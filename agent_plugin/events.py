@@ -3,10 +3,12 @@
 Every event is a pydantic model tagged by ``type``, so it crosses a Redis stream or an SSE
 connection as plain JSON. One run (or resume) emits, in order::
 
+    (compaction)       a session's run, when the session had grown past its trigger
     run_start
       turn_start
         model_request  (text_delta | thinking_delta | tool_call_delta | output_delta)*  (retry)*
           (retry_succeeded | retry_exhausted)   after any retry: how the retries ended
+          (compaction ...)   the context was too long: folded, the call made once more
           model_response
         (approval_required | tool_start* tool_progress* tool_end*)
       turn_end
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentEvent",
     "ApprovalRequired",
+    "Compacted",
     "ModelRequestStarted",
     "ModelResponded",
     "OutcomeSummary",
@@ -212,6 +215,22 @@ class Steered(_Event):
     messages: list[str]
 
 
+class Compacted(BaseModel):
+    """A transcript's head was folded into one summary: before a session's run (``threshold``),
+    in a run whose model said the context was too long (``overflow``; the call is made again
+    once), or on request (``manual``: ``run_id`` is ``None`` outside a run)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: Literal["compaction"] = "compaction"
+    run_id: str | None = None
+    session_id: str | None = None
+    reason: Literal["threshold", "overflow", "manual"]
+    summarized_messages: int
+    tokens_before: int
+    tokens_after: int
+
+
 class TurnEnded(_Event):
     type: Literal["turn_end"] = "turn_end"
     step: int
@@ -303,6 +322,7 @@ AgentEvent: TypeAlias = Annotated[
     | ToolFinished
     | ApprovalRequired
     | Steered
+    | Compacted
     | TurnEnded
     | RunEnded,
     Field(discriminator="type"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -31,6 +32,7 @@ from agent_plugin.cancellation import RunCancelled, until_cancelled
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import (
     ApprovalRequired,
+    Compacted,
     ModelRequestStarted,
     ModelResponded,
     OutputDelta,
@@ -78,6 +80,7 @@ from agent_plugin.outcomes import (
     Completed,
     Denied,
     Finished,
+    Folded,
     LoopDetected,
     NeedsApproval,
     OutputInvalid,
@@ -105,6 +108,7 @@ from agent_plugin.tools import (
 )
 
 if TYPE_CHECKING:  # these load on first use, not with the core
+    from agent_plugin.compaction import Compaction
     from agent_plugin.output import (
         Invalid,
         Output,
@@ -115,6 +119,8 @@ if TYPE_CHECKING:  # these load on first use, not with the core
 
 
 __all__ = ["LoopAgent", "RunLoop"]
+
+logger = logging.getLogger("agent_plugin")
 
 _NOT_RUN: Final = error_payload("the run was cancelled before this call ran")
 
@@ -162,6 +168,9 @@ class LoopAgent(Protocol):
     @property
     def output_label(self) -> str | None: ...
 
+    @property
+    def compaction(self) -> Compaction | None: ...
+
     def definitions(self) -> tuple[ToolDefinition, ...]: ...
 
     async def system_message(self) -> ChatMessage | None: ...
@@ -185,6 +194,7 @@ class RunLoop:
         session_version: int | None,
         pending: list[PendingCall] | None = None,
         output_retries: int = 0,
+        folded: Folded | None = None,
     ) -> None:
         self.agent = agent
         self.output: OutputRun | None = None
@@ -210,6 +220,8 @@ class RunLoop:
         self.streaming = options.stream
         self.retries = CallRetries(run_id, self.emit) if self.emit is not None else None
         self.hooks = agent.hook_set
+        self.compaction = options.compaction or agent.compaction
+        self.folded = folded
         self.system: ChatMessage | None = None  # set by execute(): preparing may need I/O
         self.system_cost = 0
         loop = asyncio.get_running_loop()
@@ -289,6 +301,7 @@ class RunLoop:
             session_version=self.session_version,
             output=self.agent.output_label,
             output_retries=self.output.retries_used if self.output is not None else 0,
+            folded=self.folded,
         )
 
     def output_context(self) -> OutputContext:
@@ -388,7 +401,10 @@ class RunLoop:
         if emit is not None:
             emit(RunEnded.of(self.run_id, outcome))
         return AgentTurn(
-            outcome=outcome, messages=list(self.messages), history_length=self.history_length
+            outcome=outcome,
+            messages=list(self.messages),
+            history_length=self.history_length,
+            folded=self.folded,
         )
 
     async def continue_from(self, pending: list[PendingCall]) -> AgentOutcome:
@@ -479,23 +495,12 @@ class RunLoop:
                         max_tokens=request.max_tokens,
                     )
                 )
-            retries = self.retries
             try:
-                response = await self.call_model(request)
+                response = await self.answer(request)
             except _DeadlinePassed:
-                if retries is not None:
-                    retries.failed(None, "deadline")
                 return self.exhausted("deadline")
             except RunCancelled:
-                if retries is not None:
-                    retries.failed(None, "cancelled")
                 return self.cancelled()
-            except AgentError as error:
-                if retries is not None:
-                    retries.failed(error)
-                raise
-            if retries is not None:
-                retries.succeeded()
             control = None
             for after in hooks.after_model:
                 control = await after(response, info) or control
@@ -567,6 +572,85 @@ class RunLoop:
         return Paused(reason=control.reason, state=self.state(pending))
 
     # --- the model call --------------------------------------------------------------------
+
+    async def answer(self, request: ChatRequest) -> ChatResponse:
+        """The model's reply to ``request``: its retries closed by their end event, and a
+        context overflow met by folding the history once and asking again."""
+        retries = self.retries
+        folded = False
+        while True:
+            try:
+                response = await self.call_model(request)
+            except (_DeadlinePassed, RunCancelled) as stop:
+                if retries is not None:
+                    retries.failed(
+                        None, "deadline" if isinstance(stop, _DeadlinePassed) else "cancelled"
+                    )
+                raise
+            except AgentError as error:
+                if retries is not None:
+                    retries.failed(error)
+                if folded or error.kind is not ErrorKind.CONTEXT_TOO_LONG:
+                    raise
+                if not await self.fold_history():
+                    raise
+                folded = True
+                # the same request with the folded history (a hook's edits to it are not kept)
+                request.messages = self.history(self.agent.budget.remaining(self.usage))[0]
+                continue
+            if retries is not None:
+                retries.succeeded()
+            return response
+
+    async def fold_history(self) -> bool:
+        """Fold the head of the history the run was given into one summary (the run's own
+        messages are kept); ``False`` when there is no compaction or nothing to fold."""
+        compaction = self.compaction
+        if compaction is None or self.history_length < 1:
+            return False
+        from agent_plugin.compaction import summary_message
+        from agent_plugin.outcomes import CompactionReport, Folded
+
+        try:
+            result = await until_cancelled(
+                compaction.compact(
+                    self.agent.model, self.messages, force=True, keep_from=self.history_length
+                ),
+                self.cancel,
+            )
+        except AgentError as error:
+            logger.warning("run %s: the history could not be folded: %s", self.run_id, error)
+            return False
+        if result is None:
+            return False
+        split = result.split
+        before = self.folded.report.summarized_messages - 1 if self.folded is not None else 0
+        self.messages[:split] = [summary_message(result.summary)]
+        self.costs[:split] = [estimate_message(self.messages[0])]
+        self.total_cost = sum(self.costs)
+        self.history_length -= split - 1
+        report = result.report
+        self.folded = Folded(
+            summary=result.summary,
+            report=CompactionReport(
+                summarized_messages=before + split,
+                tokens_before=report.tokens_before,
+                tokens_after=report.tokens_after,
+                usage=report.usage,
+            ),
+        )
+        if self.emit is not None:
+            self.emit(
+                Compacted(
+                    run_id=self.run_id,
+                    session_id=self.session_id,
+                    reason="overflow",
+                    summarized_messages=split,
+                    tokens_before=report.tokens_before,
+                    tokens_after=report.tokens_after,
+                )
+            )
+        return True
 
     def call_model(self, request: ChatRequest) -> Awaitable[ChatResponse]:
         """The model call, bounded by the deadline and the cancel token when the run has them

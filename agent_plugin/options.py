@@ -22,6 +22,7 @@ from agent_plugin.steering import Steering
 from agent_plugin.text import unstorable
 
 if TYPE_CHECKING:
+    from agent_plugin.compaction import Compaction
     from agent_plugin.journal import RunJournal
 
 __all__ = ["DEFAULT_OVERRIDES", "OUTPUT_NAME_PATTERN", "AgentOverrides", "EventSink", "RunOptions"]
@@ -45,7 +46,9 @@ class RunOptions:
       join before the next model call;
     * ``on_event``: an :data:`EventSink` that receives every event as it happens;
     * ``stream``: call the model through ``LlmClient.stream`` (text arrives as deltas);
-    * ``journal``: a :class:`~agent_plugin.journal.RunJournal` that checkpoints each step.
+    * ``journal``: a :class:`~agent_plugin.journal.RunJournal` that checkpoints each step;
+    * ``compaction``: how to fold the history when the model says the context is too long
+      (default: the agent's ``compaction``; with neither, the error is raised).
     """
 
     run_id: str | None = None
@@ -54,6 +57,7 @@ class RunOptions:
     on_event: EventSink | None = None
     stream: bool = False
     journal: RunJournal | None = None
+    compaction: Compaction | None = None
 
 
 class AgentOverrides(BaseModel):

@@ -21,7 +21,7 @@ from agent_plugin.events import AgentEvent
 from agent_plugin.jobs import HeartbeatStats, RunArgs, RunHandle, RunQueue
 from agent_plugin.jobs.args import checked_run_id
 from agent_plugin.options import AgentOverrides, RunOptions
-from agent_plugin.outcomes import AgentTurn, ApprovalDecision, RunState
+from agent_plugin.outcomes import AgentTurn, ApprovalDecision, CompactionReport, RunState
 from agent_plugin.output import Output, OutputType
 from agent_plugin.records import RunPage, RunRecord, RunStatus
 from agent_plugin.runtime import AgentRuntime
@@ -122,6 +122,13 @@ class AppAgent:
             session=session,
             store=self.runtime.session_store,
             options=options,
+        )
+
+    async def compact(self, session: str, *, force: bool = True) -> CompactionReport | None:
+        """Compact ``session`` now with the app's compaction settings (the defaults without);
+        ``None``: nothing to fold. Raises ``CONFLICT`` if a turn was saved meanwhile."""
+        return await self.agent(session=session).compact(
+            session, store=self.runtime.session_store, force=force
         )
 
     async def resume(
