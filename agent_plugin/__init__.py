@@ -20,8 +20,10 @@ from agent_plugin.hooks import (
     CancelRun,
     Continue,
     Modify,
+    NextTurn,
     PauseRun,
     ToolOutput,
+    TurnInfo,
 )
 from agent_plugin.ids import RunId, SessionId, new_run_id
 from agent_plugin.loop_guard import LoopGuard
@@ -118,6 +120,7 @@ __all__ = [
     "LoopGuard",
     "ModelRetry",
     "Modify",
+    "NextTurn",
     "OutcomeSummary",
     "Output",
     "OutputContext",
@@ -148,6 +151,7 @@ __all__ = [
     "ToolRegistry",
     "ToolReturn",
     "ToolRules",
+    "TurnInfo",
     "__version__",
     "deny",
     "new_run_id",

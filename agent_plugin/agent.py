@@ -40,7 +40,7 @@ from agent_plugin.messages import (
     ToolDefinition,
     repair_transcript,
 )
-from agent_plugin.options import EventSink, RunOptions
+from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import (
     AgentTurn,
     ApprovalDecision,
@@ -56,7 +56,7 @@ from agent_plugin.tools import (
 )
 
 if TYPE_CHECKING:  # these load on first use, not with the core
-    from agent_plugin.compaction import Compaction, CompactionReport
+    from agent_plugin.compaction import Compaction
     from agent_plugin.memory import MemoryStore
     from agent_plugin.output import (
         Output,
@@ -64,7 +64,6 @@ if TYPE_CHECKING:  # these load on first use, not with the core
         OutputType,
         OutputValidator,
     )
-    from agent_plugin.sessions import SessionStore
     from agent_plugin.skills import Skill
 
 __all__ = ["Agent", "AgentOutputT"]
@@ -266,6 +265,7 @@ class Agent(Generic[AgentOutputT]):
             tracker=self.loop_guard.tracker(state.recent_calls),
             output_retries=state.output_retries,
             folded=state.folded,
+            turn_settings=state.turn_settings,
         )
         return await run.execute(run.continue_from(pending), resumed=True)
 
@@ -290,27 +290,6 @@ class Agent(Generic[AgentOutputT]):
                 history=history,
                 options=replace(opts, on_event=tee(sink, opts.on_event), stream=True),
             )
-        )
-
-    async def compact(
-        self,
-        session: str,
-        *,
-        store: SessionStore,
-        force: bool = True,
-        on_event: EventSink | None = None,
-    ) -> CompactionReport | None:
-        """Compact ``session`` in ``store`` now, with the agent's ``compaction`` settings (the
-        defaults without), and return the report (``None``: nothing to fold).
-
-        Manual compaction ignores ``trigger_tokens`` unless ``force`` is false; ``on_event``
-        hears of it (a ``compaction`` event, reason ``manual``). Raises ``CONFLICT`` if the
-        session changed during the summary call.
-        """
-        from agent_plugin.sessions import compact_session
-
-        return await compact_session(
-            self.model, store, session, self.compaction, force=force, on_event=on_event
         )
 
     # --- preparation -----------------------------------------------------------------------

@@ -23,7 +23,7 @@ import json
 import logging
 import secrets
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from pydantic import JsonValue
 
@@ -50,9 +50,11 @@ from agent_plugin.events import (
 from agent_plugin.hooks import (
     CancelRun,
     HookSet,
+    NextTurn,
     PauseRun,
     RunControl,
     ToolOutput,
+    TurnInfo,
 )
 from agent_plugin.logs import run_context
 from agent_plugin.loop_guard import LoopGuard, LoopTracker, Stop, Warn, warning_note
@@ -88,6 +90,7 @@ from agent_plugin.outcomes import (
     PendingCall,
     RunInfo,
     RunState,
+    TurnSettings,
 )
 from agent_plugin.policy import Deny, RequireApproval, ToolPolicy
 from agent_plugin.providers.base import (
@@ -195,6 +198,7 @@ class RunLoop:
         pending: list[PendingCall] | None = None,
         output_retries: int = 0,
         folded: Folded | None = None,
+        turn_settings: TurnSettings | None = None,
     ) -> None:
         self.agent = agent
         self.output: OutputRun | None = None
@@ -222,7 +226,11 @@ class RunLoop:
         self.hooks = agent.hook_set
         self.compaction = options.compaction or agent.compaction
         self.folded = folded
+        self.turn_settings = turn_settings
+        self.offered: tuple[ToolDefinition, ...] | None = None
+        """The tools offered under :attr:`turn_settings` (``None``: the agent's, as they are)."""
         self.system: ChatMessage | None = None  # set by execute(): preparing may need I/O
+        self.base_system: ChatMessage | None = None
         self.system_cost = 0
         loop = asyncio.get_running_loop()
         self.loop = loop
@@ -302,6 +310,7 @@ class RunLoop:
             output=self.agent.output_label,
             output_retries=self.output.retries_used if self.output is not None else 0,
             folded=self.folded,
+            turn_settings=self.turn_settings,
         )
 
     def output_context(self) -> OutputContext:
@@ -374,8 +383,10 @@ class RunLoop:
         if emit is not None:
             emit(RunStarted(run_id=self.run_id, session_id=self.session_id, resumed=resumed))
         try:
-            self.system = await self.agent.system_message()
+            self.base_system = self.system = await self.agent.system_message()
             self.system_cost = estimate_message(self.system) if self.system else 0
+            if self.turn_settings is not None:
+                self.settle()
             await self.started(self.initial_pending)
             outcome = await body
             for hook in self.hooks.on_outcome:
@@ -412,8 +423,12 @@ class RunLoop:
         last = self.messages[-1] if self.messages else None
         if pending:
             outcome = await self.round(pending)
+            if outcome is None and self.hooks.after_turn:
+                outcome = await self.resumed_turn_over()
         elif last is not None and last.role is Role.ASSISTANT and last.tool_calls:
             outcome = await self.gate_and_run(last.tool_calls, reply_recorded=True)
+            if outcome is None and self.hooks.after_turn:
+                outcome = await self.resumed_turn_over()
         elif last is not None and last.role is Role.ASSISTANT:
             # recovered after the final answer was recorded: judge it (again) and end
             outcome = await self.conclude(await self.judge(last.text), last.text)
@@ -471,13 +486,16 @@ class RunLoop:
                 self.emit(TurnStarted(run_id=self.run_id, step=step))
             request = ChatRequest(
                 messages=history,
-                tools=agent.definitions(),
+                tools=agent.definitions() if self.offered is None else self.offered,
                 response_format=agent.output.response_format if agent.output else None,
                 max_tokens=output_cap,
                 temperature=agent.temperature,
                 deadline=self.deadline,
                 on_retry=self.retries.scheduled if self.retries is not None else None,
             )
+            if self.turn_settings is not None:
+                request.model = self.turn_settings.model
+                request.extra_body = dict(self.turn_settings.extra_body)
             hooks = self.hooks
             # what the model hooks are told, made only when there are any (it would otherwise
             # be one more object alive across every model call)
@@ -510,6 +528,7 @@ class RunLoop:
             content = _with_call_ids(response.content)
             calls = tool_calls_of(content)
             message = ChatMessage(role=Role.ASSISTANT, content=content)
+            turn_from = len(self.messages)
             if not calls:
                 self.append(message)
                 self.responded(step, message, response)
@@ -519,6 +538,12 @@ class RunLoop:
                 await self.replied(step, message, [])
                 if overshoot:
                     return self.exhausted("tokens")
+                if hooks.after_turn:
+                    after = await self.turn_hooks(step, turn_from, response.usage)
+                    if after == "stop":
+                        return self.stopped(text, verdict)
+                    if after == "more":
+                        continue  # a hook added messages: they force another turn
                 if steered:
                     continue  # a message arrived while the model answered: steering wins
                 outcome = await self.conclude(verdict, text)
@@ -543,6 +568,11 @@ class RunLoop:
                 self.emit(TurnEnded(run_id=self.run_id, step=step))
             if outcome is not None:
                 return outcome
+            if (
+                hooks.after_turn
+                and await self.turn_hooks(step, turn_from, response.usage) == "stop"
+            ):
+                return self.stopped(text_of(content), None)
 
     def history(self, remaining: int) -> tuple[list[ChatMessage], int]:
         """The messages to send and their estimated tokens, within ``remaining``."""
@@ -553,6 +583,88 @@ class RunLoop:
         costs = [self.system_cost] * len(system) + self.costs
         history = truncate_history([*system, *self.messages], remaining, costs)
         return history, sum(estimate_message(m) for m in history)
+
+    # --- turn-level hooks ------------------------------------------------------------------
+
+    async def turn_hooks(
+        self, step: int, start: int, usage: TokenUsage
+    ) -> Literal["stop", "more"] | None:
+        """Ask the turn-level hooks about the turn whose messages start at ``start``: ``stop``
+        (the run ends), ``more`` (they added messages: another turn) or ``None``."""
+        hooks = self.hooks
+        turn = TurnInfo(
+            step=step, messages=tuple(self.messages[start:]), usage=usage, run=self.info()
+        )
+        for should_stop in hooks.should_stop_after_turn:
+            if await should_stop(turn):
+                return "stop"
+        added: list[ChatMessage] = []
+        for prepare in hooks.prepare_next_turn:
+            prepared: NextTurn | None = await prepare(turn)
+            if prepared is None:
+                continue
+            added.extend(_user_message(m) for m in prepared.messages)
+            self.turn_settings = _settled(self.turn_settings, prepared)
+            self.settle()
+        if not added:
+            return None
+        for message in added:
+            self.append(message)
+        if self.journal is not None:
+            from agent_plugin.journal import Appended
+
+            await self.journal.record(Appended(messages=added))
+        return "more"
+
+    async def resumed_turn_over(self) -> AgentOutcome | None:
+        """The turn-level hooks of the turn a resume finished (its reply came before the
+        pause, and its usage was told then: the report has none)."""
+        start = max(i for i, m in enumerate(self.messages) if m.role is Role.ASSISTANT)
+        step = max(self.steps_used - 1, 0)
+        if await self.turn_hooks(step, start, TokenUsage()) == "stop":
+            return self.stopped(self.messages[start].text, None)
+        return None
+
+    def settle(self) -> None:
+        """Apply :attr:`turn_settings` to the system prompt and the tools offered."""
+        settings = self.turn_settings
+        assert settings is not None
+        addition = settings.system_prompt_addition
+        base = self.base_system
+        if addition:
+            text = f"{base.text}\n\n{addition}" if base is not None else addition
+            self.system = ChatMessage.system(text)
+        else:
+            self.system = base
+        self.system_cost = estimate_message(self.system) if self.system is not None else 0
+        names = settings.tools
+        if names is None:
+            self.offered = None
+            return
+        wanted = set(names)
+        output = self.output
+        self.offered = tuple(
+            d
+            for d in self.agent.definitions()
+            if d.name in wanted or (output is not None and output.owns(d.name))
+        )
+
+    def stopped(self, text: str, verdict: Valid[Any] | Invalid | None) -> AgentOutcome:
+        """How a run a hook stopped after a turn ends: completed with the turn's text, or for
+        a run that must produce an output and has none, ``output_invalid``."""
+        if self.output is None:
+            return self.completed(text)
+        if verdict is not None and verdict.accepted:
+            return self.completed(text, verdict)
+        problems = (
+            verdict.problems
+            if verdict is not None
+            else "a hook stopped the run before it produced its output"
+        )
+        retries = self.output.retries_used
+        return OutputInvalid(
+            message=problems, retries=retries, steps_used=self.steps_used, usage=self.usage
+        )
 
     def responded(self, step: int, message: ChatMessage, response: ChatResponse) -> None:
         if self.emit is not None:
@@ -891,6 +1003,31 @@ def _with_call_ids(content: list[ContentPart]) -> list[ContentPart]:
         seen.add(new_id)
         fixed[index] = ToolCallPart(tool_call=call.model_copy(update={"id": new_id}))
     return content if fixed is None else fixed
+
+
+def _user_message(message: str | ChatMessage) -> ChatMessage:
+    if isinstance(message, str):
+        return ChatMessage.user(message)
+    if message.role is not Role.USER:
+        raise AgentError.config(
+            f"prepare_next_turn adds user messages, got a {message.role.value} message"
+        )
+    return message
+
+
+def _settled(settings: TurnSettings | None, prepared: NextTurn) -> TurnSettings:
+    """``settings`` with what ``prepared`` sets (``None`` fields keep theirs)."""
+    current = settings or TurnSettings()
+    changes: dict[str, Any] = {}
+    if prepared.model is not None:
+        changes["model"] = prepared.model
+    if prepared.tools is not None:
+        changes["tools"] = list(prepared.tools)
+    if prepared.system_prompt_addition is not None:
+        changes["system_prompt_addition"] = prepared.system_prompt_addition or None
+    if prepared.extra_body is not None:
+        changes["extra_body"] = dict(prepared.extra_body)
+    return current.model_copy(update=changes) if changes else current
 
 
 def _plain(content: str) -> str:

@@ -62,6 +62,7 @@ __all__ = [
     "Rejected",
     "RunInfo",
     "RunState",
+    "TurnSettings",
     "UnknownOutcome",
     "outcome_adapter",
 ]
@@ -139,6 +140,17 @@ class Folded(_Model):
     report: CompactionReport
 
 
+class TurnSettings(_Model):
+    """What a ``prepare_next_turn`` hook set for the run's next requests (``None``: as the
+    agent is): the model name, the names of the tools offered, a section added to the system
+    prompt, and provider fields merged into the request body."""
+
+    model: str | None = None
+    tools: list[str] | None = None
+    system_prompt_addition: str | None = None
+    extra_body: dict[str, JsonValue] = Field(default_factory=dict)
+
+
 class RunState(_Model):
     """Everything needed to resume a run paused for approval.
 
@@ -164,6 +176,8 @@ class RunState(_Model):
     """How many replies were sent back to the model because they gave no valid output."""
     folded: Folded | None = Field(default=None, exclude_if=lambda v: v is None)
     """The head of the history the run folded into a summary so far (``None``: none)."""
+    turn_settings: TurnSettings | None = Field(default=None, exclude_if=lambda v: v is None)
+    """What turn-level hooks set for the next requests (``None``: nothing)."""
 
     def awaiting(self) -> list[PendingCall]:
         """The calls that wait for a reviewer's decision."""

@@ -72,6 +72,7 @@ __all__ = [
     "check_expected_version",
     "check_page",
     "check_session_id",
+    "compact",
     "compact_session",
     "compaction_target_error",
     "conflict_error",
@@ -618,6 +619,31 @@ async def _saved(
         session_id=session_id,
         session_version=version,
         compaction=compaction,
+    )
+
+
+async def compact(
+    agent: Agent[Any],
+    session: str,
+    *,
+    store: SessionStore | None,
+    force: bool = True,
+    on_event: EventSink | None = None,
+) -> CompactionReport | None:
+    """Compact ``session`` now with ``agent``'s model and ``compaction`` settings (the
+    defaults without), and return the report (``None``: nothing to fold).
+
+    Manual compaction ignores ``trigger_tokens`` unless ``force`` is false; ``on_event``
+    hears of it (a ``compaction`` event, reason ``manual``). Raises ``CONFLICT`` if the
+    session changed during the summary call.
+    """
+    return await compact_session(
+        agent.model,
+        _store(store, session),
+        session,
+        agent.compaction,
+        force=force,
+        on_event=on_event,
     )
 
 

@@ -276,7 +276,7 @@ async def test_op25_manual_compaction_ignores_the_trigger_and_reports_an_event()
     model = ScriptedModel(["the summary"])
     agent = Agent(model, compaction=Compaction(trigger_tokens=1_000_000, keep_recent_tokens=30))
     events: list[AgentEvent] = []
-    report = await agent.compact("s1", store=store, on_event=events.append)
+    report = await sessions.compact(agent, "s1", store=store, on_event=events.append)
     assert report is not None
     (event,) = compactions(events)
     assert (event.reason, event.run_id, event.session_id) == ("manual", None, "s1")
@@ -284,7 +284,7 @@ async def test_op25_manual_compaction_ignores_the_trigger_and_reports_an_event()
     view = await store.load("s1")
     assert view.messages[0].text == SUMMARY_PREFIX + "the summary"
     # not forced, the trigger decides: nothing to do
-    assert await agent.compact("s1", store=store, force=False) is None
+    assert await sessions.compact(agent, "s1", store=store, force=False) is None
 
 
 async def test_op25_the_compaction_event_round_trips_as_json() -> None:

@@ -127,8 +127,8 @@ class AppAgent:
     async def compact(self, session: str, *, force: bool = True) -> CompactionReport | None:
         """Compact ``session`` now with the app's compaction settings (the defaults without);
         ``None``: nothing to fold. Raises ``CONFLICT`` if a turn was saved meanwhile."""
-        return await self.agent(session=session).compact(
-            session, store=self.runtime.session_store, force=force
+        return await sessions.compact(
+            self.agent(session=session), session, store=self.runtime.session_store, force=force
         )
 
     async def resume(
