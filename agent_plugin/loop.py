@@ -29,7 +29,7 @@ from pydantic import JsonValue
 
 from agent_plugin.budget import Budget, estimate_message, truncate_history
 from agent_plugin.cancellation import RunCancelled, until_cancelled
-from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
+from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind, PrefixLocked
 from agent_plugin.events import (
     ApprovalRequired,
     Compacted,
@@ -173,6 +173,9 @@ class LoopAgent(Protocol):
 
     @property
     def compaction(self) -> Compaction | None: ...
+
+    @property
+    def locked(self) -> bool: ...
 
     def definitions(self) -> tuple[ToolDefinition, ...]: ...
 
@@ -603,6 +606,10 @@ class RunLoop:
             prepared: NextTurn | None = await prepare(turn)
             if prepared is None:
                 continue
+            if self.agent.locked and (
+                prepared.tools is not None or prepared.system_prompt_addition is not None
+            ):
+                raise PrefixLocked("a prepare_next_turn hook changing the tools or system prompt")
             added.extend(_user_message(m) for m in prepared.messages)
             self.turn_settings = _settled(self.turn_settings, prepared)
             self.settle()
@@ -718,8 +725,8 @@ class RunLoop:
         """Fold the head of the history the run was given into one summary (the run's own
         messages are kept); ``False`` when there is no compaction or nothing to fold."""
         compaction = self.compaction
-        if compaction is None or self.history_length < 1:
-            return False
+        if compaction is None or self.history_length < 1 or self.agent.locked:
+            return False  # (a locked agent's history is fixed: the error is raised)
         from agent_plugin.compaction import summary_message
         from agent_plugin.outcomes import CompactionReport, Folded
 

@@ -40,7 +40,7 @@ from agent_plugin.compaction import (
     CompactionReport,
     summary_message,
 )
-from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.errors import AgentError, ErrorKind, PrefixLocked
 from agent_plugin.events import Compacted
 from agent_plugin.ids import new_run_id
 from agent_plugin.messages import ChatMessage, TokenUsage
@@ -466,7 +466,7 @@ async def run(
     sessions = _store(store, session)
     view = await sessions.load(session)
     report: CompactionReport | None = None
-    if agent.compaction is not None:
+    if agent.compaction is not None and not agent.locked:  # a locked agent's prefix holds
         if options is not None and options.on_event is not None and options.run_id is None:
             options = replace(options, run_id=new_run_id())  # named in its compaction event
         view, report = await _compacted(
@@ -635,8 +635,11 @@ async def compact(
 
     Manual compaction ignores ``trigger_tokens`` unless ``force`` is false; ``on_event``
     hears of it (a ``compaction`` event, reason ``manual``). Raises ``CONFLICT`` if the
-    session changed during the summary call.
+    session changed during the summary call, :class:`~agent_plugin.errors.PrefixLocked` for a
+    locked agent (the session's history is the prefix its requests start with).
     """
+    if agent.locked:
+        raise PrefixLocked(f"compacting session {session!r}")
     return await compact_session(
         agent.model,
         _store(store, session),
