@@ -213,6 +213,8 @@ class Steered(_Event):
 
     type: Literal["steered"] = "steered"
     messages: list[str]
+    mode: Literal["steer", "followup"] = "steer"
+    """``steer``: before the next model call; ``followup``: when the run would have ended."""
 
 
 class Compacted(BaseModel):

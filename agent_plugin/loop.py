@@ -105,6 +105,7 @@ from agent_plugin.providers.base import (
 )
 from agent_plugin.retrying import CallRetries
 from agent_plugin.rounds import ToolRound
+from agent_plugin.steering import Steering
 from agent_plugin.tools import (
     ToolRegistry,
     error_payload,
@@ -130,6 +131,10 @@ _NOT_RUN: Final = error_payload("the run was cancelled before this call ran")
 
 class _DeadlinePassed(Exception):
     pass
+
+
+class _Interrupted(Exception):
+    """An ``interrupt`` message came while the model was asked: ask again with it."""
 
 
 class LoopAgent(Protocol):
@@ -274,6 +279,22 @@ class RunLoop:
             await self.journal.record(Appended(messages=messages))
         if self.emit is not None:
             self.emit(Steered(run_id=self.run_id, messages=[m.text for m in messages]))
+
+    async def take_followup(self) -> bool:
+        """Let the next follow-up join a run that would end (``False``: none waits)."""
+        if self.steering is None or not self.steering.following:
+            return False
+        messages = self.steering.take_followup()
+        for message in messages:
+            self.append(message)
+        if self.journal is not None:
+            from agent_plugin.journal import Appended
+
+            await self.journal.record(Appended(messages=messages))
+        if self.emit is not None:
+            texts = [m.text for m in messages]
+            self.emit(Steered(run_id=self.run_id, messages=texts, mode="followup"))
+        return True
 
     async def tool_done(self, position: int, call: ToolCall, output: ToolOutput) -> None:
         assert self.journal is not None
@@ -522,6 +543,8 @@ class RunLoop:
                 return self.exhausted("deadline")
             except RunCancelled:
                 return self.cancelled()
+            except _Interrupted:
+                continue  # the message joins at the top, and the model is asked again
             control = None
             for after in hooks.after_model:
                 control = await after(response, info) or control
@@ -550,6 +573,8 @@ class RunLoop:
                 if steered:
                     continue  # a message arrived while the model answered: steering wins
                 outcome = await self.conclude(verdict, text)
+                if isinstance(outcome, Completed) and await self.take_followup():
+                    continue  # the run would end: a follow-up continues it instead
                 if outcome is not None:
                     return outcome
                 continue
@@ -696,11 +721,16 @@ class RunLoop:
         """The model's reply to ``request``: its retries closed by their end event, and a
         context overflow met by folding the history once and asking again."""
         retries = self.retries
+        steering = self.steering
         folded = False
         while True:
             try:
-                response = await self.call_model(request)
-            except (_DeadlinePassed, RunCancelled) as stop:
+                call = self.call_model(request)
+                if steering is None:
+                    response = await call
+                else:
+                    response = await self.interruptible(call, steering)
+            except (_DeadlinePassed, RunCancelled, _Interrupted) as stop:
                 if retries is not None:
                     retries.failed(
                         None, "deadline" if isinstance(stop, _DeadlinePassed) else "cancelled"
@@ -720,6 +750,17 @@ class RunLoop:
             if retries is not None:
                 retries.succeeded()
             return response
+
+    async def interruptible(
+        self, call: Awaitable[ChatResponse], steering: Steering
+    ) -> ChatResponse:
+        """``call``, abandoned when an ``interrupt`` message comes first."""
+        try:
+            return await until_cancelled(call, steering.interrupt)
+        except RunCancelled:
+            if self.cancel is not None and self.cancel.cancelled:
+                raise
+            raise _Interrupted from None
 
     async def fold_history(self) -> bool:
         """Fold the head of the history the run was given into one summary (the run's own

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_plugin.cancellation import CancelToken
 from agent_plugin.events import AgentEvent
-from agent_plugin.steering import Steering
+from agent_plugin.steering import MessageMode, Steering
 from agent_plugin.text import unstorable
 
 if TYPE_CHECKING:
@@ -70,7 +70,9 @@ class AgentOverrides(BaseModel):
     * ``session``: the conversation the run belongs to (``None``: a run on its own);
     * ``followup_depth``: how many follow-up links deep the run is (a chain stops at ten);
     * ``output``: the name of an output type registered on the plugin
-      (``AgentPlugin(outputs={"ticket": Ticket})``) the run must produce (``None``: text).
+      (``AgentPlugin(outputs={"ticket": Ticket})``) the run must produce (``None``: text);
+    * ``message_mode``: the mode of a message sent to the run without one (``None``:
+      ``steer``; see :mod:`agent_plugin.steering`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -82,6 +84,7 @@ class AgentOverrides(BaseModel):
     session: str | None = Field(default=None, min_length=1, max_length=255)
     followup_depth: int = Field(default=0, ge=0)
     output: str | None = Field(default=None, pattern=OUTPUT_NAME_PATTERN)
+    message_mode: MessageMode | None = None
 
     @field_validator("system_prompt", "memory_scope", "session")
     @classmethod

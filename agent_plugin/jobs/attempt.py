@@ -46,7 +46,7 @@ from agent_plugin.jobs.progress import ProgressAtCheckpoints, ToolProgressWriter
 from agent_plugin.jobs.queue import RunQueue
 from agent_plugin.jobs.redis import SessionLock, ms, quietly
 from agent_plugin.journal import JournalEntry, Started, recover
-from agent_plugin.live import ControlWatcher, RunEventStream
+from agent_plugin.live import ControlWatcher, RunControlChannel, RunEventStream
 from agent_plugin.logs import run_context
 from agent_plugin.options import EventSink, RunOptions
 from agent_plugin.outcomes import AgentOutcome, AwaitingApproval, RunState
@@ -669,7 +669,7 @@ class Attempt:
                 if publish is not None:
                     publish(event)
 
-            live = self.live = _Live(CancelToken(), Steering(), sink)
+            live = self.live = _Live(CancelToken(), self._steering(args, stack), sink)
             try:
                 await stack.enter_async_context(
                     self.watcher.watch(self.run_id, live.cancel, live.steering)
@@ -677,6 +677,26 @@ class Attempt:
             except (RedisError, OSError, TimeoutError) as error:
                 logger.warning("run %s: cannot watch its control channel: %s", self.run_id, error)
             return await self._drive_live(record, args, agent, live)
+
+    def _steering(self, args: RunArgs, stack: contextlib.AsyncExitStack) -> Steering:
+        """The run's message queue: messages without a mode join as the run's
+        ``message_mode`` says, and those that joined stop counting against the bound."""
+        channel = RunControlChannel(self.redis, self.run_id, prefix=self.options.live_prefix)
+        pending: set[asyncio.Task[None]] = set()
+
+        def joined(count: int) -> None:
+            task = asyncio.ensure_future(quietly(channel.joined(count)))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+
+        async def settle() -> None:
+            if pending:
+                await asyncio.wait(set(pending))
+            await quietly(self.redis.delete(channel.queued_key))
+
+        stack.push_async_callback(settle)
+        mode = args.overrides.message_mode or "steer"
+        return Steering(default_mode=mode, max_queued=None, on_taken=joined)
 
     async def _drive_live(
         self, record: RunRecord, args: RunArgs, agent: Agent, live: _Live

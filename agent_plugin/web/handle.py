@@ -25,6 +25,7 @@ from agent_plugin.outcomes import AgentTurn, ApprovalDecision, CompactionReport,
 from agent_plugin.output import Output, OutputType
 from agent_plugin.records import RunPage, RunRecord, RunStatus
 from agent_plugin.runtime import AgentRuntime
+from agent_plugin.steering import MessageMode
 from agent_plugin.web.sse import local_events, sse_response
 
 __all__ = [
@@ -224,12 +225,15 @@ class AppAgent:
         delay: float | timedelta | None = None,
         idempotency_key: str | None = None,
         output: str | None = None,
+        message_mode: MessageMode | None = None,
     ) -> RunHandle:
         """Queue a background run; answer its id and the path that reports its status.
 
         ``session`` and ``scope`` (the memory scope), ``system_prompt`` and ``max_steps`` set
         the run's agent; ``output`` names a registered output type the run must produce (its
         record's outcome then holds the output as JSON; an unknown name is ``invalid``);
+        ``message_mode`` is the mode of a message sent to the run without one (for a
+        session's runs, the session's default: see :mod:`agent_plugin.steering`);
         ``deliver`` reports how it ended to the plugin's delivery; ``delay``
         (seconds or a timedelta) starts it later. The run's record exists (``queued``) before
         its job reaches Redis; the same ``run_id`` twice is one run. With ``idempotency_key``
@@ -251,6 +255,7 @@ class AppAgent:
                 "system_prompt": system_prompt,
                 "max_steps": max_steps,
                 "output": output,
+                "message_mode": message_mode,
             },
             deliver=deliver,
         )
@@ -294,9 +299,10 @@ class AppAgent:
         """Cancel a queued, paused or running background run (see :meth:`RunQueue.cancel`)."""
         return await self.jobs.cancel(run_id, reason)
 
-    async def steer(self, run_id: str, text: str) -> RunRecord:
-        """Send a message that joins a running background run before its next model call."""
-        return await self.jobs.steer(run_id, text)
+    async def steer(self, run_id: str, text: str, mode: MessageMode | None = None) -> RunRecord:
+        """Send a message to a running background run; ``mode`` says when it joins (``None``:
+        the run's ``message_mode``, else ``steer``: before its next model call)."""
+        return await self.jobs.steer(run_id, text, mode)
 
     async def heartbeat_stats(self) -> HeartbeatStats:
         """How the heartbeat's ticks went, across every worker: started, skipped because the
