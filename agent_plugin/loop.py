@@ -627,6 +627,7 @@ class RunLoop:
             if await should_stop(turn):
                 return "stop"
         added: list[ChatMessage] = []
+        settings = self.turn_settings
         for prepare in hooks.prepare_next_turn:
             prepared: NextTurn | None = await prepare(turn)
             if prepared is None:
@@ -638,15 +639,14 @@ class RunLoop:
             added.extend(_user_message(m) for m in prepared.messages)
             self.turn_settings = _settled(self.turn_settings, prepared)
             self.settle()
-        if not added:
-            return None
+        changed = self.turn_settings if self.turn_settings != settings else None
         for message in added:
             self.append(message)
-        if self.journal is not None:
+        if self.journal is not None and (added or changed is not None):
             from agent_plugin.journal import Appended
 
-            await self.journal.record(Appended(messages=added))
-        return "more"
+            await self.journal.record(Appended(messages=added, turn_settings=changed))
+        return "more" if added else None
 
     async def resumed_turn_over(self) -> AgentOutcome | None:
         """The turn-level hooks of the turn a resume finished (its reply came before the

@@ -336,3 +336,19 @@ async def test_an_empty_addition_removes_it_and_tools_none_keeps_them() -> None:
     assert systems == ["base", "base\n\nextra", "base"]
     tools = [[d.name for d in r.tools] for r in model.requests]
     assert tools == [["echo", "other"], ["echo"], ["echo"]]
+
+
+async def test_op10_the_settings_are_journaled_so_a_recovered_run_keeps_them() -> None:
+    from agent_plugin.journal import InMemoryJournal, recover
+
+    journal = InMemoryJournal()
+    model = ScriptedModel([tool_call("echo", {"x": 1}), "done"])
+    agent = Agent(model, tools=[ECHO, OTHER], hooks=[Switch()])
+    turn = await agent.run("go", options=RunOptions(journal=journal))
+    assert isinstance(turn.outcome, Completed)
+    state = recover(journal.entries)
+    assert state is not None
+    assert state.turn_settings is not None
+    assert state.turn_settings.model == "the-other-model"
+    assert state.turn_settings.tools == ["other"]
+    assert state.messages == turn.messages
