@@ -103,6 +103,7 @@ from agent_plugin.providers.base import (
     ToolCallArgumentsDelta,
     ToolCallStarted,
 )
+from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.retrying import CallRetries
 from agent_plugin.rounds import ToolRound
 from agent_plugin.steering import Steering
@@ -515,7 +516,7 @@ class RunLoop:
                 max_tokens=output_cap,
                 temperature=agent.temperature,
                 deadline=self.deadline,
-                on_retry=self.retries.scheduled if self.retries is not None else None,
+                on_retry=self.on_retry if self.emit is not None else None,
             )
             if self.turn_settings is not None:
                 request.model = self.turn_settings.model
@@ -714,6 +715,10 @@ class RunLoop:
         if isinstance(control, CancelRun):
             return Cancelled(reason=control.reason, steps_used=self.steps_used, usage=self.usage)
         return Paused(reason=control.reason, state=self.state(pending))
+
+    def on_retry(self, notice: RetryNotice) -> None:
+        if self.retries is not None:
+            self.retries.scheduled(notice)
 
     # --- the model call --------------------------------------------------------------------
 
