@@ -165,6 +165,9 @@ CONSOLE_SCRIPT: Final = r"""
     },
     approval_required(e) { setStatus("awaiting approval", "paused"); renderApprovals(e.calls); },
     steered(e) { for (const m of e.messages || []) entry("user", "you", m); },
+    compaction(e) {
+      entry("note", "compaction", e.reason + ": " + e.summarized_messages + " messages folded");
+    },
     turn_end() { endReply(); },
     run_end(e) {
       endReply();
