@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_plugin.agent import Agent
 from agent_plugin.cancellation import CancelToken
-from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.errors import AgentError, ErrorKind, PrefixLocked
 from agent_plugin.events import AgentEvent, OutcomeSummary
 from agent_plugin.hooks import (
     AgentHooks,
@@ -20,8 +20,10 @@ from agent_plugin.hooks import (
     CancelRun,
     Continue,
     Modify,
+    NextTurn,
     PauseRun,
     ToolOutput,
+    TurnInfo,
 )
 from agent_plugin.ids import RunId, SessionId, new_run_id
 from agent_plugin.loop_guard import LoopGuard
@@ -118,6 +120,7 @@ __all__ = [
     "LoopGuard",
     "ModelRetry",
     "Modify",
+    "NextTurn",
     "OutcomeSummary",
     "Output",
     "OutputContext",
@@ -125,6 +128,7 @@ __all__ = [
     "OutputMode",
     "PauseRun",
     "Paused",
+    "PrefixLocked",
     "RetryPolicy",
     "Role",
     "RunHandle",
@@ -148,6 +152,7 @@ __all__ = [
     "ToolRegistry",
     "ToolReturn",
     "ToolRules",
+    "TurnInfo",
     "__version__",
     "deny",
     "new_run_id",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Final, Generic
 from typing_extensions import TypeVar
 
 from agent_plugin.budget import Budget
-from agent_plugin.errors import AgentError
+from agent_plugin.errors import AgentError, PrefixLocked
 from agent_plugin.events import (
     AgentEvent,
     events_of,
@@ -151,7 +151,10 @@ class Agent(Generic[AgentOutputT]):
             raise AgentError.config(f"a tool named {name!r} would hide the final-result tool")
         self._definitions: tuple[tuple[ToolDefinition, ...], tuple[ToolDefinition, ...]] | None
         self._definitions = None
-        self.system_prompt = system_prompt
+        self._system_prompt = system_prompt
+        self._locked = False
+        self._frozen_system: tuple[ChatMessage | None] | None = None
+        """A locked agent's system message, rendered once (``None``: not rendered yet)."""
         self.budget = Budget(max_steps=max_steps, max_tokens=max_tokens)
         self.per_tool_output_limit = per_tool_output_limit
         self.temperature = temperature
@@ -168,6 +171,45 @@ class Agent(Generic[AgentOutputT]):
             f"Agent(model={self.model.provider_name!r}, tools={self.tools.names()!r}, "
             f"max_steps={self.budget.max_steps}, max_tokens={self.budget.max_tokens}{output})"
         )
+
+    # --- the locked prefix -------------------------------------------------------------------
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The base system prompt (a locked agent refuses a new one)."""
+        return self._system_prompt
+
+    @system_prompt.setter
+    def system_prompt(self, value: str | None) -> None:
+        if self._locked:
+            raise PrefixLocked("changing the system prompt")
+        self._system_prompt = value
+
+    @property
+    def locked(self) -> bool:
+        return self._locked
+
+    def lock(self) -> Agent[AgentOutputT]:
+        """Fix what every request of this agent starts with, so provider prompt caches keep
+        hitting: from now on the system prompt, the tools and the history its runs send cannot
+        change, and trying is a :class:`~agent_plugin.errors.PrefixLocked` error.
+
+        The system message is rendered once, at the first run after the lock (memory edits
+        reach it again only after :meth:`unlock`); sessions are not compacted by its runs
+        (before a run, or when the model says the context is too long: the error is raised),
+        and a ``prepare_next_turn`` hook may not change the tools or the system prompt.
+        Returns the agent.
+        """
+        self.tools.lock()
+        self._locked = True
+        return self
+
+    def unlock(self) -> Agent[AgentOutputT]:
+        """Allow changes again; the next request may miss the provider's cache."""
+        self._locked = False
+        self._frozen_system = None
+        self.tools.unlock()
+        return self
 
     def definitions(self) -> tuple[ToolDefinition, ...]:
         """What the model is offered: the tools' definitions, then the final-result tools.
@@ -264,6 +306,8 @@ class Agent(Generic[AgentOutputT]):
             steps_used=state.steps_used,
             tracker=self.loop_guard.tracker(state.recent_calls),
             output_retries=state.output_retries,
+            folded=state.folded,
+            turn_settings=state.turn_settings,
         )
         return await run.execute(run.continue_from(pending), resumed=True)
 
@@ -298,8 +342,15 @@ class Agent(Generic[AgentOutputT]):
         Sections, in order: the base prompt, the skills index, the memory snapshot as of now,
         and a prompted-mode output's schema. The snapshot stays frozen for the whole run: edits
         made through the ``memory`` tool persist at once but reach the prompt from the next run
-        (the prefix stays cacheable).
+        (the prefix stays cacheable). A locked agent renders it once and keeps it.
         """
+        if self._locked:
+            if self._frozen_system is None:
+                self._frozen_system = (await self._render_system(),)
+            return self._frozen_system[0]
+        return await self._render_system()
+
+    async def _render_system(self) -> ChatMessage | None:
         sections = [self.system_prompt] if self.system_prompt else []
         if self.skills:
             from agent_plugin.skills import skills_index

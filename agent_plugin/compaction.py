@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Final, Literal, TypeAlias
 
 from agent_plugin.budget import estimate_message, estimate_messages
 from agent_plugin.errors import AgentError, ErrorKind
@@ -24,16 +22,17 @@ from agent_plugin.messages import (
     Role,
     TextPart,
     ThinkingPart,
-    TokenUsage,
     ToolCallPart,
     ToolResultPart,
 )
+from agent_plugin.outcomes import CompactionReport
 from agent_plugin.providers.base import ChatRequest, LlmClient
 
 __all__ = [
     "SUMMARY_INSTRUCTIONS",
     "SUMMARY_PREFIX",
     "Compaction",
+    "CompactionReason",
     "CompactionReport",
     "CompactionResult",
     "render_transcript",
@@ -53,6 +52,10 @@ SUMMARY_INSTRUCTIONS: Final = (
 )
 """The system prompt of the summary call."""
 
+CompactionReason: TypeAlias = Literal["threshold", "overflow", "manual"]
+"""Why a transcript was compacted: it grew past ``trigger_tokens`` before a run, the model
+said it was too long for its context, or someone asked for it."""
+
 RESULT_PREVIEW_CHARS: Final = 600
 """A tool result is rendered for the summary call with at most this many characters."""
 
@@ -60,18 +63,6 @@ RESULT_PREVIEW_CHARS: Final = 600
 def summary_message(summary: str) -> ChatMessage:
     """The user message that replaces a summarised head: the prefix, then the summary."""
     return ChatMessage.user(SUMMARY_PREFIX + summary)
-
-
-class CompactionReport(BaseModel):
-    """What a compaction did: how many messages it folded, the estimated tokens of the
-    transcript before and after, and the usage of the summary call (not charged to any run)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    summarized_messages: int = Field(ge=1)
-    tokens_before: int = Field(ge=0)
-    tokens_after: int = Field(ge=0)
-    usage: TokenUsage = Field(default_factory=TokenUsage)
 
 
 def render_transcript(messages: Sequence[ChatMessage]) -> str:
@@ -174,19 +165,29 @@ class Compaction:
         return split
 
     async def compact(
-        self, model: LlmClient, messages: Sequence[ChatMessage], *, force: bool = False
+        self,
+        model: LlmClient,
+        messages: Sequence[ChatMessage],
+        *,
+        force: bool = False,
+        keep_from: int | None = None,
     ) -> CompactionResult | None:
         """Summarise the head of ``messages``, or return ``None`` and call no model.
 
         ``None`` when the transcript is estimated at ``trigger_tokens`` or less (unless
-        ``force``: manual compaction ignores the trigger) or has no split point. A failed or
-        empty summary call raises :class:`AgentError`; nothing is changed then.
+        ``force``: manual compaction ignores the trigger) or has no split point. ``keep_from``
+        (a user message's index) bounds the split: the messages from there on are kept
+        whatever their size, and it is the split point when the tail is too large to find one
+        (a run's own messages are never folded). A failed or empty summary call raises
+        :class:`AgentError`; nothing is changed then.
         """
         before = estimate_messages(messages)
         if not force and before <= self.trigger_tokens:
             return None
         split = self.split_point(messages)
-        if split is None:
+        if keep_from is not None:
+            split = keep_from if split is None else min(split, keep_from)
+        if split is None or split < 1:
             return None
         request = ChatRequest(
             messages=[

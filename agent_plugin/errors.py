@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_plugin.redaction import redact_text
 
-__all__ = ["BODY_LIMIT", "AgentError", "ErrorInfo", "ErrorKind", "describe"]
+__all__ = ["BODY_LIMIT", "AgentError", "ErrorInfo", "ErrorKind", "PrefixLocked", "describe"]
 
 BODY_LIMIT: Final = 500
 """At most this many characters of a provider's error body are kept in an error."""
@@ -186,6 +186,18 @@ class AgentError(Exception):
     @classmethod
     def tool(cls, message: str) -> AgentError:
         return cls(ErrorKind.TOOL, message)
+
+
+class PrefixLocked(AgentError):
+    """A change to what a locked agent keeps fixed (its system prompt, its tools, the history
+    its runs send): refused, so provider prompt caches keep hitting. Kind ``conflict``."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            ErrorKind.CONFLICT,
+            f"{what}: the agent is locked (its prompt prefix is fixed); unlock() it first, "
+            "accepting that the provider's prompt cache starts over",
+        )
 
 
 def describe(error: BaseException) -> str:

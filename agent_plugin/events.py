@@ -3,9 +3,12 @@
 Every event is a pydantic model tagged by ``type``, so it crosses a Redis stream or an SSE
 connection as plain JSON. One run (or resume) emits, in order::
 
+    (compaction)       a session's run, when the session had grown past its trigger
     run_start
       turn_start
         model_request  (text_delta | thinking_delta | tool_call_delta | output_delta)*  (retry)*
+          (retry_succeeded | retry_exhausted)   after any retry: how the retries ended
+          (compaction ...)   the context was too long: folded, the call made once more
           model_response
         (approval_required | tool_start* tool_progress* tool_end*)
       turn_end
@@ -48,12 +51,15 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentEvent",
     "ApprovalRequired",
+    "Compacted",
     "ModelRequestStarted",
     "ModelResponded",
     "OutcomeSummary",
     "OutputDelta",
     "PendingApproval",
+    "RetryExhausted",
     "RetryScheduled",
+    "RetrySucceeded",
     "RunEnded",
     "RunStarted",
     "Steered",
@@ -132,6 +138,27 @@ class RetryScheduled(_Event):
     error: ErrorInfo
 
 
+class RetrySucceeded(_Event):
+    """A call that was retried succeeded: after ``attempts`` attempts (the first included),
+    ``elapsed_seconds`` after its first attempt began. Follows the call's ``retry`` events."""
+
+    type: Literal["retry_succeeded"] = "retry_succeeded"
+    attempts: int
+    elapsed_seconds: float
+
+
+class RetryExhausted(_Event):
+    """A call that was retried did not succeed: its last attempt failed with ``error`` (no
+    retry was left, or the error was not worth one), or the run was ``cancelled`` or hit its
+    ``deadline`` meanwhile (``error`` is then ``None``). ``attempts`` is how many failed."""
+
+    type: Literal["retry_exhausted"] = "retry_exhausted"
+    attempts: int
+    elapsed_seconds: float
+    reason: Literal["error", "cancelled", "deadline"] = "error"
+    error: ErrorInfo | None = None
+
+
 class ModelResponded(_Event):
     type: Literal["model_response"] = "model_response"
     step: int
@@ -186,6 +213,24 @@ class Steered(_Event):
 
     type: Literal["steered"] = "steered"
     messages: list[str]
+    mode: Literal["steer", "followup"] = "steer"
+    """``steer``: before the next model call; ``followup``: when the run would have ended."""
+
+
+class Compacted(BaseModel):
+    """A transcript's head was folded into one summary: before a session's run (``threshold``),
+    in a run whose model said the context was too long (``overflow``; the call is made again
+    once), or on request (``manual``: ``run_id`` is ``None`` outside a run)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: Literal["compaction"] = "compaction"
+    run_id: str | None = None
+    session_id: str | None = None
+    reason: Literal["threshold", "overflow", "manual"]
+    summarized_messages: int
+    tokens_before: int
+    tokens_after: int
 
 
 class TurnEnded(_Event):
@@ -271,12 +316,15 @@ AgentEvent: TypeAlias = Annotated[
     | ToolCallDeltaEvent
     | OutputDelta
     | RetryScheduled
+    | RetrySucceeded
+    | RetryExhausted
     | ModelResponded
     | ToolStarted
     | ToolProgress
     | ToolFinished
     | ApprovalRequired
     | Steered
+    | Compacted
     | TurnEnded
     | RunEnded,
     Field(discriminator="type"),

@@ -23,7 +23,7 @@ from typing import Annotated, Literal, Protocol, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from agent_plugin.messages import ChatMessage, TokenUsage
-from agent_plugin.outcomes import Finished, PendingCall, RunState
+from agent_plugin.outcomes import Finished, PendingCall, RunState, TurnSettings
 
 __all__ = [
     "Appended",
@@ -73,10 +73,12 @@ class ToolDone(_Entry):
 
 
 class Appended(_Entry):
-    """Messages that joined the transcript between steps (steering)."""
+    """Messages that joined the transcript between steps (steering, follow-ups, a turn-level
+    hook's), and what such a hook set for the next requests (``None``: unchanged)."""
 
     kind: Literal["appended"] = "appended"
     messages: list[ChatMessage]
+    turn_settings: TurnSettings | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class RoundDone(_Entry):
@@ -140,7 +142,10 @@ def recover(entries: Iterable[JournalEntry]) -> RunState | None:
                 )
                 state = state.model_copy(update={"pending": pending})
         elif isinstance(entry, Appended):
-            state = state.model_copy(update={"messages": [*state.messages, *entry.messages]})
+            update: dict[str, object] = {"messages": [*state.messages, *entry.messages]}
+            if entry.turn_settings is not None:
+                update["turn_settings"] = entry.turn_settings
+            state = state.model_copy(update=update)
         else:
             state = state.model_copy(
                 update={"messages": [*state.messages, entry.message], "pending": []}

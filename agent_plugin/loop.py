@@ -20,21 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from pydantic import JsonValue
 
 from agent_plugin.budget import Budget, estimate_message, truncate_history
 from agent_plugin.cancellation import RunCancelled, until_cancelled
-from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
+from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind, PrefixLocked
 from agent_plugin.events import (
     ApprovalRequired,
+    Compacted,
     ModelRequestStarted,
     ModelResponded,
     OutputDelta,
-    RetryScheduled,
     RunEnded,
     RunStarted,
     Steered,
@@ -49,9 +50,11 @@ from agent_plugin.events import (
 from agent_plugin.hooks import (
     CancelRun,
     HookSet,
+    NextTurn,
     PauseRun,
     RunControl,
     ToolOutput,
+    TurnInfo,
 )
 from agent_plugin.logs import run_context
 from agent_plugin.loop_guard import LoopGuard, LoopTracker, Stop, Warn, warning_note
@@ -79,6 +82,7 @@ from agent_plugin.outcomes import (
     Completed,
     Denied,
     Finished,
+    Folded,
     LoopDetected,
     NeedsApproval,
     OutputInvalid,
@@ -86,6 +90,7 @@ from agent_plugin.outcomes import (
     PendingCall,
     RunInfo,
     RunState,
+    TurnSettings,
 )
 from agent_plugin.policy import Deny, RequireApproval, ToolPolicy
 from agent_plugin.providers.base import (
@@ -99,13 +104,16 @@ from agent_plugin.providers.base import (
     ToolCallStarted,
 )
 from agent_plugin.providers.retry import RetryNotice
+from agent_plugin.retrying import CallRetries
 from agent_plugin.rounds import ToolRound
+from agent_plugin.steering import Steering
 from agent_plugin.tools import (
     ToolRegistry,
     error_payload,
 )
 
 if TYPE_CHECKING:  # these load on first use, not with the core
+    from agent_plugin.compaction import Compaction
     from agent_plugin.output import (
         Invalid,
         Output,
@@ -117,11 +125,17 @@ if TYPE_CHECKING:  # these load on first use, not with the core
 
 __all__ = ["LoopAgent", "RunLoop"]
 
+logger = logging.getLogger("agent_plugin")
+
 _NOT_RUN: Final = error_payload("the run was cancelled before this call ran")
 
 
 class _DeadlinePassed(Exception):
     pass
+
+
+class _Interrupted(Exception):
+    """An ``interrupt`` message came while the model was asked: ask again with it."""
 
 
 class LoopAgent(Protocol):
@@ -163,6 +177,12 @@ class LoopAgent(Protocol):
     @property
     def output_label(self) -> str | None: ...
 
+    @property
+    def compaction(self) -> Compaction | None: ...
+
+    @property
+    def locked(self) -> bool: ...
+
     def definitions(self) -> tuple[ToolDefinition, ...]: ...
 
     async def system_message(self) -> ChatMessage | None: ...
@@ -186,6 +206,8 @@ class RunLoop:
         session_version: int | None,
         pending: list[PendingCall] | None = None,
         output_retries: int = 0,
+        folded: Folded | None = None,
+        turn_settings: TurnSettings | None = None,
     ) -> None:
         self.agent = agent
         self.output: OutputRun | None = None
@@ -209,8 +231,15 @@ class RunLoop:
         self.cancel = options.cancel
         self.emit = options.on_event
         self.streaming = options.stream
+        self.retries = CallRetries(run_id, self.emit) if self.emit is not None else None
         self.hooks = agent.hook_set
+        self.compaction = options.compaction or agent.compaction
+        self.folded = folded
+        self.turn_settings = turn_settings
+        self.offered: tuple[ToolDefinition, ...] | None = None
+        """The tools offered under :attr:`turn_settings` (``None``: the agent's, as they are)."""
         self.system: ChatMessage | None = None  # set by execute(): preparing may need I/O
+        self.base_system: ChatMessage | None = None
         self.system_cost = 0
         loop = asyncio.get_running_loop()
         self.loop = loop
@@ -252,6 +281,22 @@ class RunLoop:
         if self.emit is not None:
             self.emit(Steered(run_id=self.run_id, messages=[m.text for m in messages]))
 
+    async def take_followup(self) -> bool:
+        """Let the next follow-up join a run that would end (``False``: none waits)."""
+        if self.steering is None or not self.steering.following:
+            return False
+        messages = self.steering.take_followup()
+        for message in messages:
+            self.append(message)
+        if self.journal is not None:
+            from agent_plugin.journal import Appended
+
+            await self.journal.record(Appended(messages=messages))
+        if self.emit is not None:
+            texts = [m.text for m in messages]
+            self.emit(Steered(run_id=self.run_id, messages=texts, mode="followup"))
+        return True
+
     async def tool_done(self, position: int, call: ToolCall, output: ToolOutput) -> None:
         assert self.journal is not None
         from agent_plugin.journal import ToolDone
@@ -289,6 +334,8 @@ class RunLoop:
             session_version=self.session_version,
             output=self.agent.output_label,
             output_retries=self.output.retries_used if self.output is not None else 0,
+            folded=self.folded,
+            turn_settings=self.turn_settings,
         )
 
     def output_context(self) -> OutputContext:
@@ -361,8 +408,10 @@ class RunLoop:
         if emit is not None:
             emit(RunStarted(run_id=self.run_id, session_id=self.session_id, resumed=resumed))
         try:
-            self.system = await self.agent.system_message()
+            self.base_system = self.system = await self.agent.system_message()
             self.system_cost = estimate_message(self.system) if self.system else 0
+            if self.turn_settings is not None:
+                self.settle()
             await self.started(self.initial_pending)
             outcome = await body
             for hook in self.hooks.on_outcome:
@@ -388,7 +437,10 @@ class RunLoop:
         if emit is not None:
             emit(RunEnded.of(self.run_id, outcome))
         return AgentTurn(
-            outcome=outcome, messages=list(self.messages), history_length=self.history_length
+            outcome=outcome,
+            messages=list(self.messages),
+            history_length=self.history_length,
+            folded=self.folded,
         )
 
     async def continue_from(self, pending: list[PendingCall]) -> AgentOutcome:
@@ -396,8 +448,12 @@ class RunLoop:
         last = self.messages[-1] if self.messages else None
         if pending:
             outcome = await self.round(pending)
+            if outcome is None and self.hooks.after_turn:
+                outcome = await self.resumed_turn_over()
         elif last is not None and last.role is Role.ASSISTANT and last.tool_calls:
             outcome = await self.gate_and_run(last.tool_calls, reply_recorded=True)
+            if outcome is None and self.hooks.after_turn:
+                outcome = await self.resumed_turn_over()
         elif last is not None and last.role is Role.ASSISTANT:
             # recovered after the final answer was recorded: judge it (again) and end
             outcome = await self.conclude(await self.judge(last.text), last.text)
@@ -455,13 +511,16 @@ class RunLoop:
                 self.emit(TurnStarted(run_id=self.run_id, step=step))
             request = ChatRequest(
                 messages=history,
-                tools=agent.definitions(),
+                tools=agent.definitions() if self.offered is None else self.offered,
                 response_format=agent.output.response_format if agent.output else None,
                 max_tokens=output_cap,
                 temperature=agent.temperature,
                 deadline=self.deadline,
                 on_retry=self.on_retry if self.emit is not None else None,
             )
+            if self.turn_settings is not None:
+                request.model = self.turn_settings.model
+                request.extra_body = dict(self.turn_settings.extra_body)
             hooks = self.hooks
             # what the model hooks are told, made only when there are any (it would otherwise
             # be one more object alive across every model call)
@@ -480,11 +539,13 @@ class RunLoop:
                     )
                 )
             try:
-                response = await self.call_model(request)
+                response = await self.answer(request)
             except _DeadlinePassed:
                 return self.exhausted("deadline")
             except RunCancelled:
                 return self.cancelled()
+            except _Interrupted:
+                continue  # the message joins at the top, and the model is asked again
             control = None
             for after in hooks.after_model:
                 control = await after(response, info) or control
@@ -494,6 +555,7 @@ class RunLoop:
             content = _with_call_ids(response.content)
             calls = tool_calls_of(content)
             message = ChatMessage(role=Role.ASSISTANT, content=content)
+            turn_from = len(self.messages)
             if not calls:
                 self.append(message)
                 self.responded(step, message, response)
@@ -503,9 +565,17 @@ class RunLoop:
                 await self.replied(step, message, [])
                 if overshoot:
                     return self.exhausted("tokens")
+                if hooks.after_turn:
+                    after = await self.turn_hooks(step, turn_from, response.usage)
+                    if after == "stop":
+                        return self.stopped(text, verdict)
+                    if after == "more":
+                        continue  # a hook added messages: they force another turn
                 if steered:
                     continue  # a message arrived while the model answered: steering wins
                 outcome = await self.conclude(verdict, text)
+                if isinstance(outcome, Completed) and await self.take_followup():
+                    continue  # the run would end: a follow-up continues it instead
                 if outcome is not None:
                     return outcome
                 continue
@@ -527,6 +597,11 @@ class RunLoop:
                 self.emit(TurnEnded(run_id=self.run_id, step=step))
             if outcome is not None:
                 return outcome
+            if (
+                hooks.after_turn
+                and await self.turn_hooks(step, turn_from, response.usage) == "stop"
+            ):
+                return self.stopped(text_of(content), None)
 
     def history(self, remaining: int) -> tuple[list[ChatMessage], int]:
         """The messages to send and their estimated tokens, within ``remaining``."""
@@ -537,6 +612,92 @@ class RunLoop:
         costs = [self.system_cost] * len(system) + self.costs
         history = truncate_history([*system, *self.messages], remaining, costs)
         return history, sum(estimate_message(m) for m in history)
+
+    # --- turn-level hooks ------------------------------------------------------------------
+
+    async def turn_hooks(
+        self, step: int, start: int, usage: TokenUsage
+    ) -> Literal["stop", "more"] | None:
+        """Ask the turn-level hooks about the turn whose messages start at ``start``: ``stop``
+        (the run ends), ``more`` (they added messages: another turn) or ``None``."""
+        hooks = self.hooks
+        turn = TurnInfo(
+            step=step, messages=tuple(self.messages[start:]), usage=usage, run=self.info()
+        )
+        for should_stop in hooks.should_stop_after_turn:
+            if await should_stop(turn):
+                return "stop"
+        added: list[ChatMessage] = []
+        settings = self.turn_settings
+        for prepare in hooks.prepare_next_turn:
+            prepared: NextTurn | None = await prepare(turn)
+            if prepared is None:
+                continue
+            if self.agent.locked and (
+                prepared.tools is not None or prepared.system_prompt_addition is not None
+            ):
+                raise PrefixLocked("a prepare_next_turn hook changing the tools or system prompt")
+            added.extend(_user_message(m) for m in prepared.messages)
+            self.turn_settings = _settled(self.turn_settings, prepared)
+            self.settle()
+        changed = self.turn_settings if self.turn_settings != settings else None
+        for message in added:
+            self.append(message)
+        if self.journal is not None and (added or changed is not None):
+            from agent_plugin.journal import Appended
+
+            await self.journal.record(Appended(messages=added, turn_settings=changed))
+        return "more" if added else None
+
+    async def resumed_turn_over(self) -> AgentOutcome | None:
+        """The turn-level hooks of the turn a resume finished (its reply came before the
+        pause, and its usage was told then: the report has none)."""
+        start = max(i for i, m in enumerate(self.messages) if m.role is Role.ASSISTANT)
+        step = max(self.steps_used - 1, 0)
+        if await self.turn_hooks(step, start, TokenUsage()) == "stop":
+            return self.stopped(self.messages[start].text, None)
+        return None
+
+    def settle(self) -> None:
+        """Apply :attr:`turn_settings` to the system prompt and the tools offered."""
+        settings = self.turn_settings
+        assert settings is not None
+        addition = settings.system_prompt_addition
+        base = self.base_system
+        if addition:
+            text = f"{base.text}\n\n{addition}" if base is not None else addition
+            self.system = ChatMessage.system(text)
+        else:
+            self.system = base
+        self.system_cost = estimate_message(self.system) if self.system is not None else 0
+        names = settings.tools
+        if names is None:
+            self.offered = None
+            return
+        wanted = set(names)
+        output = self.output
+        self.offered = tuple(
+            d
+            for d in self.agent.definitions()
+            if d.name in wanted or (output is not None and output.owns(d.name))
+        )
+
+    def stopped(self, text: str, verdict: Valid[Any] | Invalid | None) -> AgentOutcome:
+        """How a run a hook stopped after a turn ends: completed with the turn's text, or for
+        a run that must produce an output and has none, ``output_invalid``."""
+        if self.output is None:
+            return self.completed(text)
+        if verdict is not None and verdict.accepted:
+            return self.completed(text, verdict)
+        problems = (
+            verdict.problems
+            if verdict is not None
+            else "a hook stopped the run before it produced its output"
+        )
+        retries = self.output.retries_used
+        return OutputInvalid(
+            message=problems, retries=retries, steps_used=self.steps_used, usage=self.usage
+        )
 
     def responded(self, step: int, message: ChatMessage, response: ChatResponse) -> None:
         if self.emit is not None:
@@ -556,18 +717,105 @@ class RunLoop:
         return Paused(reason=control.reason, state=self.state(pending))
 
     def on_retry(self, notice: RetryNotice) -> None:
-        if self.emit is not None:
-            self.emit(
-                RetryScheduled(
-                    run_id=self.run_id,
-                    attempt=notice.attempt,
-                    max_attempts=notice.max_attempts,
-                    wait_seconds=notice.wait,
-                    error=notice.error.info(),
-                )
-            )
+        if self.retries is not None:
+            self.retries.scheduled(notice)
 
     # --- the model call --------------------------------------------------------------------
+
+    async def answer(self, request: ChatRequest) -> ChatResponse:
+        """The model's reply to ``request``: its retries closed by their end event, and a
+        context overflow met by folding the history once and asking again."""
+        retries = self.retries
+        steering = self.steering
+        folded = False
+        while True:
+            try:
+                call = self.call_model(request)
+                if steering is None:
+                    response = await call
+                else:
+                    response = await self.interruptible(call, steering)
+            except (_DeadlinePassed, RunCancelled, _Interrupted) as stop:
+                if retries is not None:
+                    retries.failed(
+                        None, "deadline" if isinstance(stop, _DeadlinePassed) else "cancelled"
+                    )
+                raise
+            except AgentError as error:
+                if retries is not None:
+                    retries.failed(error)
+                if folded or error.kind is not ErrorKind.CONTEXT_TOO_LONG:
+                    raise
+                if not await self.fold_history():
+                    raise
+                folded = True
+                # the same request with the folded history (a hook's edits to it are not kept)
+                request.messages = self.history(self.agent.budget.remaining(self.usage))[0]
+                continue
+            if retries is not None:
+                retries.succeeded()
+            return response
+
+    async def interruptible(
+        self, call: Awaitable[ChatResponse], steering: Steering
+    ) -> ChatResponse:
+        """``call``, abandoned when an ``interrupt`` message comes first."""
+        try:
+            return await until_cancelled(call, steering.interrupt)
+        except RunCancelled:
+            if self.cancel is not None and self.cancel.cancelled:
+                raise
+            raise _Interrupted from None
+
+    async def fold_history(self) -> bool:
+        """Fold the head of the history the run was given into one summary (the run's own
+        messages are kept); ``False`` when there is no compaction or nothing to fold."""
+        compaction = self.compaction
+        if compaction is None or self.history_length < 1 or self.agent.locked:
+            return False  # (a locked agent's history is fixed: the error is raised)
+        from agent_plugin.compaction import summary_message
+        from agent_plugin.outcomes import CompactionReport, Folded
+
+        try:
+            result = await until_cancelled(
+                compaction.compact(
+                    self.agent.model, self.messages, force=True, keep_from=self.history_length
+                ),
+                self.cancel,
+            )
+        except AgentError as error:
+            logger.warning("run %s: the history could not be folded: %s", self.run_id, error)
+            return False
+        if result is None:
+            return False
+        split = result.split
+        before = self.folded.report.summarized_messages - 1 if self.folded is not None else 0
+        self.messages[:split] = [summary_message(result.summary)]
+        self.costs[:split] = [estimate_message(self.messages[0])]
+        self.total_cost = sum(self.costs)
+        self.history_length -= split - 1
+        report = result.report
+        self.folded = Folded(
+            summary=result.summary,
+            report=CompactionReport(
+                summarized_messages=before + split,
+                tokens_before=report.tokens_before,
+                tokens_after=report.tokens_after,
+                usage=report.usage,
+            ),
+        )
+        if self.emit is not None:
+            self.emit(
+                Compacted(
+                    run_id=self.run_id,
+                    session_id=self.session_id,
+                    reason="overflow",
+                    summarized_messages=split,
+                    tokens_before=report.tokens_before,
+                    tokens_after=report.tokens_after,
+                )
+            )
+        return True
 
     def call_model(self, request: ChatRequest) -> Awaitable[ChatResponse]:
         """The model call, bounded by the deadline and the cancel token when the run has them
@@ -808,6 +1056,31 @@ def _with_call_ids(content: list[ContentPart]) -> list[ContentPart]:
         seen.add(new_id)
         fixed[index] = ToolCallPart(tool_call=call.model_copy(update={"id": new_id}))
     return content if fixed is None else fixed
+
+
+def _user_message(message: str | ChatMessage) -> ChatMessage:
+    if isinstance(message, str):
+        return ChatMessage.user(message)
+    if message.role is not Role.USER:
+        raise AgentError.config(
+            f"prepare_next_turn adds user messages, got a {message.role.value} message"
+        )
+    return message
+
+
+def _settled(settings: TurnSettings | None, prepared: NextTurn) -> TurnSettings:
+    """``settings`` with what ``prepared`` sets (``None`` fields keep theirs)."""
+    current = settings or TurnSettings()
+    changes: dict[str, Any] = {}
+    if prepared.model is not None:
+        changes["model"] = prepared.model
+    if prepared.tools is not None:
+        changes["tools"] = list(prepared.tools)
+    if prepared.system_prompt_addition is not None:
+        changes["system_prompt_addition"] = prepared.system_prompt_addition or None
+    if prepared.extra_body is not None:
+        changes["extra_body"] = dict(prepared.extra_body)
+    return current.model_copy(update=changes) if changes else current
 
 
 def _plain(content: str) -> str:

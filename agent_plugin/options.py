@@ -18,10 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_plugin.cancellation import CancelToken
 from agent_plugin.events import AgentEvent
-from agent_plugin.steering import Steering
+from agent_plugin.steering import MessageMode, Steering
 from agent_plugin.text import unstorable
 
 if TYPE_CHECKING:
+    from agent_plugin.compaction import Compaction
     from agent_plugin.journal import RunJournal
 
 __all__ = ["DEFAULT_OVERRIDES", "OUTPUT_NAME_PATTERN", "AgentOverrides", "EventSink", "RunOptions"]
@@ -45,7 +46,9 @@ class RunOptions:
       join before the next model call;
     * ``on_event``: an :data:`EventSink` that receives every event as it happens;
     * ``stream``: call the model through ``LlmClient.stream`` (text arrives as deltas);
-    * ``journal``: a :class:`~agent_plugin.journal.RunJournal` that checkpoints each step.
+    * ``journal``: a :class:`~agent_plugin.journal.RunJournal` that checkpoints each step;
+    * ``compaction``: how to fold the history when the model says the context is too long
+      (default: the agent's ``compaction``; with neither, the error is raised).
     """
 
     run_id: str | None = None
@@ -54,6 +57,7 @@ class RunOptions:
     on_event: EventSink | None = None
     stream: bool = False
     journal: RunJournal | None = None
+    compaction: Compaction | None = None
 
 
 class AgentOverrides(BaseModel):
@@ -66,7 +70,9 @@ class AgentOverrides(BaseModel):
     * ``session``: the conversation the run belongs to (``None``: a run on its own);
     * ``followup_depth``: how many follow-up links deep the run is (a chain stops at ten);
     * ``output``: the name of an output type registered on the plugin
-      (``AgentPlugin(outputs={"ticket": Ticket})``) the run must produce (``None``: text).
+      (``AgentPlugin(outputs={"ticket": Ticket})``) the run must produce (``None``: text);
+    * ``message_mode``: the mode of a message sent to the run without one (``None``:
+      ``steer``; see :mod:`agent_plugin.steering`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -78,6 +84,7 @@ class AgentOverrides(BaseModel):
     session: str | None = Field(default=None, min_length=1, max_length=255)
     followup_depth: int = Field(default=0, ge=0)
     output: str | None = Field(default=None, pattern=OUTPUT_NAME_PATTERN)
+    message_mode: MessageMode | None = None
 
     @field_validator("system_prompt", "memory_scope", "session")
     @classmethod

@@ -45,10 +45,12 @@ __all__ = [
     "BudgetExhausted",
     "BudgetReason",
     "Cancelled",
+    "CompactionReport",
     "Completed",
     "Denied",
     "Edit",
     "Finished",
+    "Folded",
     "LoopDetected",
     "NeedsApproval",
     "OutputInvalid",
@@ -60,6 +62,7 @@ __all__ = [
     "Rejected",
     "RunInfo",
     "RunState",
+    "TurnSettings",
     "UnknownOutcome",
     "outcome_adapter",
 ]
@@ -116,6 +119,38 @@ class PendingCall(_Model):
     status: PendingStatus
 
 
+class CompactionReport(BaseModel):
+    """What a compaction did: how many messages it folded, the estimated tokens of the
+    transcript before and after, and the usage of the summary call (not charged to any run)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    summarized_messages: int = Field(ge=1)
+    tokens_before: int = Field(ge=0)
+    tokens_after: int = Field(ge=0)
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+
+
+class Folded(_Model):
+    """The head of a run's history that the run folded into one summary (the model said the
+    context was too long): ``report.summarized_messages`` messages of the history the run
+    was given. A session saves it as a compaction entry with the run's messages."""
+
+    summary: str
+    report: CompactionReport
+
+
+class TurnSettings(_Model):
+    """What a ``prepare_next_turn`` hook set for the run's next requests (``None``: as the
+    agent is): the model name, the names of the tools offered, a section added to the system
+    prompt, and provider fields merged into the request body."""
+
+    model: str | None = None
+    tools: list[str] | None = None
+    system_prompt_addition: str | None = None
+    extra_body: dict[str, JsonValue] = Field(default_factory=dict)
+
+
 class RunState(_Model):
     """Everything needed to resume a run paused for approval.
 
@@ -139,6 +174,10 @@ class RunState(_Model):
     resume checks that its agent produces the same."""
     output_retries: int = Field(default=0, exclude_if=lambda v: v == 0)
     """How many replies were sent back to the model because they gave no valid output."""
+    folded: Folded | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The head of the history the run folded into a summary so far (``None``: none)."""
+    turn_settings: TurnSettings | None = Field(default=None, exclude_if=lambda v: v is None)
+    """What turn-level hooks set for the next requests (``None``: nothing)."""
 
     def awaiting(self) -> list[PendingCall]:
         """The calls that wait for a reviewer's decision."""
@@ -407,6 +446,9 @@ class AgentTurn(_Model, Generic[OutputT]):
     outcome: AgentOutcome[OutputT]
     messages: list[ChatMessage]
     history_length: int = 0
+    folded: Folded | None = None
+    """The head of the given history the run folded into a summary (it had grown past the
+    model's context): ``messages`` starts with that summary then."""
 
     @property
     def new_messages(self) -> list[ChatMessage]:

@@ -17,6 +17,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import (
     TYPE_CHECKING,
     Annotated,
@@ -32,11 +33,18 @@ from typing import (
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 from typing_extensions import TypeVar
 
-from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
-from agent_plugin.compaction import Compaction, CompactionReport, summary_message
-from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.cancellation import RunCancelled, until_cancelled
+from agent_plugin.compaction import (
+    Compaction,
+    CompactionReason,
+    CompactionReport,
+    summary_message,
+)
+from agent_plugin.errors import AgentError, ErrorKind, PrefixLocked
+from agent_plugin.events import Compacted
+from agent_plugin.ids import new_run_id
 from agent_plugin.messages import ChatMessage, TokenUsage
-from agent_plugin.options import RunOptions
+from agent_plugin.options import EventSink, RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
     AgentTurn,
@@ -64,6 +72,7 @@ __all__ = [
     "check_expected_version",
     "check_page",
     "check_session_id",
+    "compact",
     "compact_session",
     "compaction_target_error",
     "conflict_error",
@@ -457,10 +466,18 @@ async def run(
     sessions = _store(store, session)
     view = await sessions.load(session)
     report: CompactionReport | None = None
-    if agent.compaction is not None:
-        cancel = options.cancel if options is not None else None
+    if agent.compaction is not None and not agent.locked:  # a locked agent's prefix holds
+        if options is not None and options.on_event is not None and options.run_id is None:
+            options = replace(options, run_id=new_run_id())  # named in its compaction event
         view, report = await _compacted(
-            agent.model, sessions, session, view, agent.compaction, force=False, cancel=cancel
+            agent.model,
+            sessions,
+            session,
+            view,
+            agent.compaction,
+            force=False,
+            options=options,
+            reason="threshold",
         )
     turn = await agent.run(
         prompt,
@@ -469,7 +486,7 @@ async def run(
         session_id=session,
         session_version=view.version,
     )
-    return await _saved(sessions, session, turn, view.version, compaction=report)
+    return await _saved(sessions, session, turn, view, compaction=report)
 
 
 async def resume(
@@ -503,7 +520,12 @@ async def resume(
             f"{expected}: the paused turn can no longer be saved",
         )
     turn = await agent.resume(state, decisions, options=options)
-    return await _saved(sessions, session, turn, expected)
+    if turn.folded is None or _paused(turn.outcome):
+        return await _saved(sessions, session, turn, SessionView(version=expected))
+    view = await sessions.load(session)  # where the folded head ends, as the run began
+    if view.version != expected:
+        raise conflict_error(session, expected, view.version)
+    return await _saved(sessions, session, turn, view)
 
 
 def _store(store: SessionStore | None, session: str) -> SessionStore:
@@ -524,9 +546,12 @@ async def _compacted(
     compaction: Compaction,
     *,
     force: bool,
-    cancel: CancelToken | None = None,
+    options: RunOptions | None,
+    reason: CompactionReason,
 ) -> tuple[SessionView, CompactionReport | None]:
-    """Compact ``view`` if ``compaction`` says so, store the entry, return the new view."""
+    """Compact ``view`` if ``compaction`` says so, store the entry (a ``compaction`` event
+    says so), and return the new view."""
+    cancel = options.cancel if options is not None else None
     try:
         result = await until_cancelled(
             compaction.compact(model, view.messages, force=force), cancel
@@ -545,6 +570,17 @@ async def _compacted(
     compacted = SessionView(
         messages=result.messages, seqs=[version, *view.seqs[result.split :]], version=version
     )
+    if options is not None and options.on_event is not None:
+        options.on_event(
+            Compacted(
+                run_id=options.run_id,
+                session_id=session_id,
+                reason=reason,
+                summarized_messages=result.split,
+                tokens_before=result.report.tokens_before,
+                tokens_after=result.report.tokens_after,
+            )
+        )
     return compacted, result.report
 
 
@@ -552,20 +588,65 @@ async def _saved(
     store: SessionStore,
     session_id: str,
     turn: AgentTurn[Any],
-    version: int,
+    view: SessionView,
     *,
     compaction: CompactionReport | None = None,
 ) -> SessionTurn[Any]:
-    """Append the turn's new messages unless the run paused, and report where it ended."""
+    """Append the turn's new messages unless the run paused, and report where it ended.
+
+    A run that folded the head of its history (``view``'s messages) saves that as a
+    compaction entry after them: the kept messages start at the view's matching seq, or at
+    the turn's first message when the whole history was folded."""
+    version = view.version
     if not _paused(turn.outcome):
+        started = version
         version = await store.append(session_id, turn.new_messages, expected_version=version)
+        folded = turn.folded
+        if folded is not None:
+            kept = folded.report.summarized_messages
+            version = await store.append_compaction(
+                session_id,
+                folded.summary,
+                view.seqs[kept] if kept < len(view.seqs) else started + 1,
+                folded.report,
+                expected_version=version,
+            )
     return SessionTurn(
         outcome=turn.outcome,
         messages=turn.messages,
         history_length=turn.history_length,
+        folded=turn.folded,
         session_id=session_id,
         session_version=version,
         compaction=compaction,
+    )
+
+
+async def compact(
+    agent: Agent[Any],
+    session: str,
+    *,
+    store: SessionStore | None,
+    force: bool = True,
+    on_event: EventSink | None = None,
+) -> CompactionReport | None:
+    """Compact ``session`` now with ``agent``'s model and ``compaction`` settings (the
+    defaults without), and return the report (``None``: nothing to fold).
+
+    Manual compaction ignores ``trigger_tokens`` unless ``force`` is false; ``on_event``
+    hears of it (a ``compaction`` event, reason ``manual``). Raises ``CONFLICT`` if the
+    session changed during the summary call, :class:`~agent_plugin.errors.PrefixLocked` for a
+    locked agent (the session's history is the prefix its requests start with).
+    """
+    if agent.locked:
+        raise PrefixLocked(f"compacting session {session!r}")
+    return await compact_session(
+        agent.model,
+        _store(store, session),
+        session,
+        agent.compaction,
+        force=force,
+        on_event=on_event,
     )
 
 
@@ -576,15 +657,24 @@ async def compact_session(
     compaction: Compaction | None = None,
     *,
     force: bool = True,
+    on_event: EventSink | None = None,
 ) -> CompactionReport | None:
     """Compact a stored session now, and return the report (``None``: nothing to compact).
 
     Manual compaction ignores ``trigger_tokens`` unless ``force`` is false; it still needs a
     split point. Raises ``CONFLICT`` if the session changed during the summary call.
+    ``on_event`` hears of the compaction (a ``compaction`` event, reason ``manual``).
     """
     check_session_id(session_id)
     view = await store.load(session_id)
     _, report = await _compacted(
-        model, store, session_id, view, compaction or Compaction(), force=force
+        model,
+        store,
+        session_id,
+        view,
+        compaction or Compaction(),
+        force=force,
+        options=RunOptions(on_event=on_event),
+        reason="manual",
     )
     return report

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, c
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from agent_plugin.errors import AgentError
+from agent_plugin.errors import AgentError, PrefixLocked
 from agent_plugin.messages import ToolDefinition
 
 __all__ = [
@@ -768,19 +768,38 @@ class ToolRegistry:
     """The tools of a run, by name.
 
     :meth:`definitions` is sorted by name and cached until the next change, so calling it every
-    step costs nothing and the prompt's tool block stays identical between calls [AG-02, AG-16].
+    step costs nothing and the prompt's tool block stays identical between calls. A
+    :meth:`lock` ed registry refuses changes (:class:`~agent_plugin.errors.PrefixLocked`).
     """
 
-    __slots__ = ("_definitions", "_tools")
+    __slots__ = ("_definitions", "_locked", "_tools")
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
         self._definitions: tuple[ToolDefinition, ...] | None = None
+        self._locked = False
         for item in tools:
             self.add(item)
 
+    @property
+    def locked(self) -> bool:
+        return self._locked
+
+    def lock(self) -> None:
+        """Refuse every change from now on (the definitions are made now, once)."""
+        self.definitions()
+        self._locked = True
+
+    def unlock(self) -> None:
+        self._locked = False
+
+    def _check_unlocked(self, change: str) -> None:
+        if self._locked:
+            raise PrefixLocked(change)
+
     def add(self, tool: Tool) -> None:
         """Register ``tool``; a second tool with the same name is an error."""
+        self._check_unlocked("adding a tool")
         name = _checked_tool(tool).name
         if name in self._tools:
             raise AgentError.config(f"a tool named {name!r} is already registered")
@@ -789,6 +808,7 @@ class ToolRegistry:
 
     def remove(self, name: str) -> Tool:
         """Unregister and return the tool called ``name``; it must exist."""
+        self._check_unlocked("removing a tool")
         try:
             removed = self._tools.pop(name)
         except KeyError:
@@ -798,6 +818,7 @@ class ToolRegistry:
 
     def replace(self, tool: Tool) -> Tool:
         """Swap in ``tool`` for the registered tool of the same name; return the old one."""
+        self._check_unlocked("replacing a tool")
         name = _checked_tool(tool).name
         old = self._tools.get(name)
         if old is None:

@@ -261,6 +261,43 @@ async def test_cancel_and_messages_of_an_unknown_run_are_404(client: httpx.Async
     assert steer.status_code == 404
 
 
+# --- retries of the whole run [OP-14] --------------------------------------------------------
+
+
+async def test_op14_a_background_runs_retries_end_with_retry_succeeded(
+    client: httpx.AsyncClient,
+) -> None:
+    run_id = await start(client, plan(fail={"round": 0, "times": 2, "kind": "rate_limited"}))
+    record = await wait_for(client, run_id, {"complete", "failed"})
+    assert record["status"] == "complete", record
+    status, seen = await events(client, run_id)
+    assert status == 200
+    kinds = [frame["event"] for frame in seen]
+    assert kinds.count("retry") == 2
+    assert "retry_exhausted" not in kinds
+    (end,) = [frame["data"] for frame in seen if frame["event"] == "retry_succeeded"]
+    assert end["attempts"] == 3 == record["attempt"]
+    assert end["elapsed_seconds"] >= 0.0
+    assert kinds.index("retry_succeeded") > max(i for i, k in enumerate(kinds) if k == "retry")
+    assert kinds[-2:] == ["retry_succeeded", "run_end"]
+
+
+async def test_op14_a_background_run_out_of_retries_ends_with_retry_exhausted(
+    client: httpx.AsyncClient,
+) -> None:
+    run_id = await start(client, plan(fail={"round": 0, "times": 5, "kind": "unavailable"}))
+    record = await wait_for(client, run_id, {"complete", "failed"})
+    assert record["status"] == "failed", record
+    status, seen = await events(client, run_id)
+    assert status == 200
+    kinds = [frame["event"] for frame in seen]
+    assert kinds.count("retry") == 2
+    (end,) = [frame["data"] for frame in seen if frame["event"] == "retry_exhausted"]
+    assert end["attempts"] == 3
+    assert end["error"]["kind"] == "unavailable"
+    assert kinds[-2:] == ["retry_exhausted", "run_end"]
+
+
 # --- steering -------------------------------------------------------------------------------
 
 
@@ -278,6 +315,65 @@ async def test_a_steering_message_joins_the_next_model_request(
     assert record["outcome"]["text"] == "echo: steer-canary please"
     bad = await client.post(f"/agent/runs/{run_id}/messages", json={"text": ""})
     assert bad.status_code == 422
+
+
+async def test_op11_a_followup_message_continues_the_run_when_it_would_end(
+    client: httpx.AsyncClient, env: JobsEnv
+) -> None:
+    run_id = await start(client, plan(rounds=[[["effect", "wait"]]], tool_delay=1.0))
+    await wait_for_tool(env, run_id)
+    response = await client.post(
+        f"/agent/runs/{run_id}/messages", json={"text": "followup-canary", "mode": "followup"}
+    )
+    assert response.status_code == 202, response.text
+    record = await wait_for(client, run_id, {"complete", "failed", "cancelled"})
+    assert record["outcome"]["text"] == "echo: followup-canary"
+    _, seen = await events(client, run_id)
+    modes = [(f["data"]["mode"], f["data"]["messages"]) for f in seen if f["event"] == "steered"]
+    assert modes == [("followup", ["followup-canary"])]
+    kinds = [f["event"] for f in seen]
+    # the run answered first (a model response without tools), then went on with the message
+    answers = [i for i, k in enumerate(kinds) if k == "model_response"]
+    assert len(answers) == 3  # the tool call, the answer that would have ended it, the echo
+    assert answers[1] < kinds.index("steered") < answers[2]
+    bad = await client.post(f"/agent/runs/{run_id}/messages", json={"text": "x", "mode": "shout"})
+    assert bad.status_code == 422
+
+
+async def test_op11_messages_beyond_the_bound_are_refused_with_409(env: JobsEnv) -> None:
+    async with serve(env, {"max_queued_messages": 2}) as client:
+        run_id = await start(client, plan(rounds=[[["effect", "wait"]]], tool_delay=1.5))
+        await wait_for_tool(env, run_id)
+        body = {"text": "later", "mode": "followup"}
+        for _ in range(2):
+            ok = await client.post(f"/agent/runs/{run_id}/messages", json=body)
+            assert ok.status_code == 202, ok.text
+        refused = await client.post(f"/agent/runs/{run_id}/messages", json=body)
+        assert refused.status_code == 409, refused.text
+        assert "2 messages" in refused.json()["detail"]
+        record = await wait_for(client, run_id, {"complete", "failed", "cancelled"})
+        assert record["status"] == "complete", record
+        _, seen = await events(client, run_id)
+        assert [f["data"]["mode"] for f in seen if f["event"] == "steered"] == [
+            "followup",
+            "followup",
+        ]
+
+
+async def test_op11_a_runs_message_mode_is_the_default_of_its_messages(
+    client: httpx.AsyncClient, env: JobsEnv
+) -> None:
+    prompt = plan(rounds=[[["effect", "wait"]]], tool_delay=1.0)
+    response = await client.post("/agent/runs", json={"prompt": prompt, "message_mode": "followup"})
+    assert response.status_code == 202, response.text
+    run_id = response.json()["run_id"]
+    await wait_for_tool(env, run_id)
+    sent = await client.post(f"/agent/runs/{run_id}/messages", json={"text": "default-canary"})
+    assert sent.status_code == 202, sent.text
+    record = await wait_for(client, run_id, {"complete", "failed", "cancelled"})
+    assert record["outcome"]["text"] == "echo: default-canary"
+    _, seen = await events(client, run_id)
+    assert [f["data"]["mode"] for f in seen if f["event"] == "steered"] == ["followup"]
 
 
 # --- the console ----------------------------------------------------------------------------

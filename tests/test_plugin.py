@@ -424,6 +424,29 @@ async def test_chat_keeps_the_session(tmp_path: Path) -> None:
     assert [m.text for m in history.messages][::2] == ["one", "two", "three"]
 
 
+async def test_op25_the_handle_compacts_a_session_on_request(tmp_path: Path) -> None:
+    model = TrackedModel()
+    model.default = "answer"
+    plugin = make_plugin(tmp_path, model=model)
+    app = make_app(plugin)
+
+    @app.post("/compact/{session}")
+    async def compact(session: str, agent: AgentHandle) -> dict[str, Any]:
+        report = await agent.compact(session)
+        return {"folded": report.summarized_messages if report is not None else 0}
+
+    async with serve(app) as client:
+        for prompt in ("one", "two", "three"):
+            await client.post("/chat/a", json={"prompt": prompt})
+        model.default = "the summary"
+        # the defaults keep the newest messages that fit in 8000 tokens, from a user message
+        # on, and never the first: here everything after the first exchange
+        assert (await client.post("/compact/a")).json() == {"folded": 2}
+    view = await plugin.session_store.load("a")  # type: ignore[union-attr]
+    assert view.messages[0].text.endswith("the summary")
+    assert [m.text for m in view.messages[1:]] == ["two", "answer", "three", "answer"]
+
+
 async def test_memory_scopes_and_skills_reach_the_agent(tmp_path: Path) -> None:
     skill = tmp_path / "skills" / "digest"
     skill.mkdir(parents=True)

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -31,13 +32,21 @@ from agent_plugin import sessions
 from agent_plugin.agent import Agent
 from agent_plugin.cancellation import CancelToken, stop_task
 from agent_plugin.errors import AgentError, ErrorKind, describe
-from agent_plugin.events import AgentEvent, OutcomeSummary, RetryScheduled, RunEnded, ToolProgress
+from agent_plugin.events import (
+    AgentEvent,
+    OutcomeSummary,
+    RetryExhausted,
+    RetryScheduled,
+    RetrySucceeded,
+    RunEnded,
+    ToolProgress,
+)
 from agent_plugin.jobs.args import RunArgs
 from agent_plugin.jobs.progress import ProgressAtCheckpoints, ToolProgressWriter
 from agent_plugin.jobs.queue import RunQueue
 from agent_plugin.jobs.redis import SessionLock, ms, quietly
 from agent_plugin.journal import JournalEntry, Started, recover
-from agent_plugin.live import ControlWatcher, RunEventStream
+from agent_plugin.live import ControlWatcher, RunControlChannel, RunEventStream
 from agent_plugin.logs import run_context
 from agent_plugin.options import EventSink, RunOptions
 from agent_plugin.outcomes import AgentOutcome, AwaitingApproval, RunState
@@ -332,6 +341,8 @@ class Attempt:
             record = await self.store.finish(
                 self.run_id, outcome, attempt=attempt, progress=ended_at
             )
+            if attempt > 1:  # a retry: its retries end here
+                await self._end_retries(None)
             await self._publish_end(self.held_end or RunEnded.of(self.run_id, outcome))
         except AgentError as error:
             return await self._failed(error, attempt)
@@ -443,6 +454,8 @@ class Attempt:
         if error.retryable and not self.resume:  # a resume's approved calls may act: no retry
             retries = int(await self.redis.incr(self._retries_key))
             await self.redis.expire(self._retries_key, 86_400)
+            if retries == 1:  # when the retries began, for their end event
+                await self.redis.set(self._since_key, repr(time.time()), nx=True, ex=86_400)
             if retries < self.options.max_attempts:
                 delay = self.options.backoff(retries, error.retry_after)
                 await self.store.requeue(self.run_id, attempt=attempt, not_before=delay)
@@ -465,6 +478,7 @@ class Attempt:
                 )
                 return RetryIn(delay)
         logger.warning("run %s failed: %s", self.run_id, error)
+        await self._end_retries(error)
         verdict = await self._fail(error, attempt)
         await self._forget_retries()
         return verdict
@@ -539,11 +553,40 @@ class Attempt:
 
     async def _forget_retries(self) -> None:
         with contextlib.suppress(RedisError, OSError, TimeoutError):
-            await self.redis.delete(self._retries_key)
+            await self.redis.delete(self._retries_key, self._since_key)
+
+    async def _end_retries(self, error: AgentError | None) -> None:
+        """Publish how the run's retries ended (``error``: the last attempt's), if it had any:
+        every ``retry`` event has its ``retry_succeeded`` or ``retry_exhausted``."""
+        if not self.options.events:
+            return
+        try:
+            failures, since = await self.redis.mget(self._retries_key, self._since_key)
+        except (RedisError, OSError, TimeoutError) as trouble:
+            logger.warning("run %s: cannot read its retries: %s", self.run_id, trouble)
+            return
+        if failures is None:
+            return
+        failed = int(failures)
+        if error is not None and not (error.retryable and not self.resume):
+            failed += 1  # this attempt's failure was not counted: it is not retried
+        elapsed = max(time.time() - float(since), 0.0) if since is not None else 0.0
+        event: AgentEvent
+        if error is None:
+            event = RetrySucceeded(run_id=self.run_id, attempts=failed + 1, elapsed_seconds=elapsed)
+        else:
+            event = RetryExhausted(
+                run_id=self.run_id, attempts=failed, elapsed_seconds=elapsed, error=error.info()
+            )
+        await self._publish_end(event)
 
     @property
     def _retries_key(self) -> str:
         return f"{self.options.key_prefix}retries:{self.run_id}"
+
+    @property
+    def _since_key(self) -> str:
+        return f"{self.options.key_prefix}retries_since:{self.run_id}"
 
     # --- reports ---------------------------------------------------------------------------
 
@@ -626,7 +669,7 @@ class Attempt:
                 if publish is not None:
                     publish(event)
 
-            live = self.live = _Live(CancelToken(), Steering(), sink)
+            live = self.live = _Live(CancelToken(), self._steering(args, stack), sink)
             try:
                 await stack.enter_async_context(
                     self.watcher.watch(self.run_id, live.cancel, live.steering)
@@ -634,6 +677,26 @@ class Attempt:
             except (RedisError, OSError, TimeoutError) as error:
                 logger.warning("run %s: cannot watch its control channel: %s", self.run_id, error)
             return await self._drive_live(record, args, agent, live)
+
+    def _steering(self, args: RunArgs, stack: contextlib.AsyncExitStack) -> Steering:
+        """The run's message queue: messages without a mode join as the run's
+        ``message_mode`` says, and those that joined stop counting against the bound."""
+        channel = RunControlChannel(self.redis, self.run_id, prefix=self.options.live_prefix)
+        pending: set[asyncio.Task[None]] = set()
+
+        def joined(count: int) -> None:
+            task = asyncio.ensure_future(quietly(channel.joined(count)))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+
+        async def settle() -> None:
+            if pending:
+                await asyncio.wait(set(pending))
+            await quietly(self.redis.delete(channel.queued_key))
+
+        stack.push_async_callback(settle)
+        mode = args.overrides.message_mode or "steer"
+        return Steering(default_mode=mode, max_queued=None, on_taken=joined)
 
     async def _drive_live(
         self, record: RunRecord, args: RunArgs, agent: Agent, live: _Live

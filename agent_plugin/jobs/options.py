@@ -44,6 +44,8 @@ class JobOptions:
       Redis connection of a pool of that size, apart from the app's other Redis work);
       one more is answered 503 with ``Retry-After``, so readers can never use up Redis's
       connections, which the workers need.
+    * ``max_queued_messages``: messages a running run holds at most before they join it
+      (``POST {prefix}/runs/{run_id}/messages``); one more is a ``conflict``.
     """
 
     queue_name: str = "agent:queue"
@@ -62,6 +64,7 @@ class JobOptions:
     events_maxlen: int = 1000
     events_ttl: int = 3600
     max_event_readers: int = 200
+    max_queued_messages: int = 32
 
     @property
     def live_prefix(self) -> str:
@@ -84,6 +87,7 @@ class JobOptions:
             "events_maxlen": self.events_maxlen >= 1,
             "events_ttl": self.events_ttl >= 1,
             "max_event_readers": self.max_event_readers >= 1,
+            "max_queued_messages": self.max_queued_messages >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

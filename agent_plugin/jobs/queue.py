@@ -46,6 +46,7 @@ from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.proactive import FollowupPlan
 from agent_plugin.records import RunRecord, RunStatus
 from agent_plugin.redaction import redact_text
+from agent_plugin.steering import MessageMode
 from agent_plugin.storage import SqlRunStore
 
 __all__ = ["AGENT_RESUME", "AGENT_RUN", "IDEMPOTENCY_TTL", "HeartbeatStats", "RunQueue"]
@@ -505,10 +506,13 @@ class RunQueue:
         logger.info("run %s cancelled before it ran: %s", run_id, reason)
         return record
 
-    async def steer(self, run_id: str, text: str) -> RunRecord:
-        """Queue a user message that joins a running run before its next model call.
+    async def steer(self, run_id: str, text: str, mode: MessageMode | None = None) -> RunRecord:
+        """Queue a user message for a running run, joining as ``mode`` says (``None``: the
+        run's ``message_mode``, else before its next model call; see
+        :mod:`agent_plugin.steering`).
 
-        ``CONFLICT`` unless the run is ``in_progress``; ``NOT_FOUND`` for an unknown run.
+        ``CONFLICT`` unless the run is ``in_progress``, or when it holds
+        ``max_queued_messages`` already; ``NOT_FOUND`` for an unknown run.
         """
         record = await self.get(run_id)
         if record.status is not RunStatus.IN_PROGRESS:
@@ -518,7 +522,9 @@ class RunQueue:
             )
         redis = await self.redis()
         async with self._reaching_redis():
-            await self._control(redis, run_id).send_steering(text)
+            await self._control(redis, run_id).send_steering(
+                text, mode, limit=self.options.max_queued_messages
+            )
         return record
 
     # --- the heartbeat ---------------------------------------------------------------------

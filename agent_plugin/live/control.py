@@ -1,14 +1,16 @@
 """Cancel and steering requests from any process to the worker running a run:
 :class:`RunControlChannel` (one run's keys and pub/sub channel) and :class:`ControlWatcher`
 (one pub/sub connection for every run of a process). Keys (default prefix ``agent:run:``):
-``<run_id>:cancel`` (the reason), ``<run_id>:steer`` (queued messages), ``<run_id>:control``
-(the channel that wakes the worker up).
+``<run_id>:cancel`` (the reason), ``<run_id>:steer`` (queued messages, with their mode),
+``<run_id>:queued`` (how many messages were sent and have not joined the run yet: the bound)
+and ``<run_id>:control`` (the channel that wakes the worker up).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,7 +24,7 @@ from redis.exceptions import RedisError
 
 from agent_plugin.cancellation import CancelToken, stop_task
 from agent_plugin.live.streams import DEFAULT_PREFIX
-from agent_plugin.steering import Steering
+from agent_plugin.steering import MESSAGE_MODES, MessageMode, Steering, queue_full
 
 logger = logging.getLogger("agent_plugin.live")
 
@@ -45,6 +47,7 @@ class RunControlChannel:
         self.ttl = ttl
         self.cancel_key = f"{prefix}{run_id}:cancel"
         self.steer_key = f"{prefix}{run_id}:steer"
+        self.queued_key = f"{prefix}{run_id}:queued"
         self.channel = f"{prefix}{run_id}:control"
 
     def __repr__(self) -> str:
@@ -57,10 +60,21 @@ class RunControlChannel:
         pipe.publish(self.channel, "cancel")
         await pipe.execute()
 
-    async def send_steering(self, text: str) -> None:
-        """Queue a user message that joins the run before its next model call."""
+    async def send_steering(
+        self, text: str, mode: MessageMode | None = None, *, limit: int | None = None
+    ) -> None:
+        """Queue a user message for the run, joining as ``mode`` says (``None``: the run's
+        default); a ``conflict`` when ``limit`` messages wait already."""
+        if limit is not None:
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.incr(self.queued_key)
+            pipe.expire(self.queued_key, self.ttl)
+            count, _ = await pipe.execute()
+            if int(count) > limit:
+                await self.redis.decr(self.queued_key)
+                raise queue_full(limit)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.rpush(self.steer_key, text)
+        pipe.rpush(self.steer_key, text if mode is None else json.dumps([_MODE_TAG, mode, text]))
         pipe.expire(self.steer_key, self.ttl)
         pipe.publish(self.channel, "steer")
         await pipe.execute()
@@ -71,7 +85,11 @@ class RunControlChannel:
         pipe.lrange(self.steer_key, 0, -1)
         pipe.delete(self.steer_key)
         taken, _ = await pipe.execute()
-        return [_text(item) for item in taken]
+        return [_message(item)[0] for item in taken]
+
+    async def joined(self, count: int) -> None:
+        """``count`` messages joined the run: they no longer count against the bound."""
+        await self.redis.decrby(self.queued_key, count)
 
     async def apply(self, cancel: CancelToken, steering: Steering | None) -> None:
         """Carry pending requests over to a local token and steering queue, in one round trip
@@ -89,8 +107,9 @@ class RunControlChannel:
         if ask_cancel and replies[0] is not None:
             cancel.cancel(_text(replies[0]))
         if steering is not None:
-            for text in replies[-2]:
-                steering.send(_text(text))
+            for item in replies[-2]:
+                text, mode = _message(item)
+                steering.send(text, mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +256,23 @@ async def watch(
             yield channel
     finally:
         await watcher.aclose()
+
+
+_MODE_TAG: Final = "agent-message"
+
+
+def _message(value: bytes | str) -> tuple[str, MessageMode | None]:
+    """A queued message and its mode (``None``: the run's default; plain text is how a
+    message without a mode, or from an older version, is stored)."""
+    text = _text(value)
+    if text.startswith(f'["{_MODE_TAG}",'):
+        try:
+            tag, mode, body = json.loads(text)
+        except ValueError:
+            return text, None
+        if tag == _MODE_TAG and mode in MESSAGE_MODES and isinstance(body, str):
+            return body, mode
+    return text, None
 
 
 def _text(value: bytes | str) -> str:

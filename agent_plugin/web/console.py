@@ -146,6 +146,10 @@ CONSOLE_SCRIPT: Final = r"""
       entry("note", "retry", "attempt " + e.attempt + " of " + e.max_attempts +
         " in " + e.wait_seconds + " s: " + (e.error && e.error.message));
     },
+    retry_succeeded(e) { entry("note", "retry", "succeeded after " + e.attempts + " attempts"); },
+    retry_exhausted(e) {
+      entry("note", "retry", "gave up after " + e.attempts + " failed attempts (" + e.reason + ")");
+    },
     model_response(e) {
       if (!streamed && e.message) {
         const text = (e.message.content || []).filter((p) => typeof p.text === "string")
@@ -161,6 +165,9 @@ CONSOLE_SCRIPT: Final = r"""
     },
     approval_required(e) { setStatus("awaiting approval", "paused"); renderApprovals(e.calls); },
     steered(e) { for (const m of e.messages || []) entry("user", "you", m); },
+    compaction(e) {
+      entry("note", "compaction", e.reason + ": " + e.summarized_messages + " messages folded");
+    },
     turn_end() { endReply(); },
     run_end(e) {
       endReply();

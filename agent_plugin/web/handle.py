@@ -21,10 +21,11 @@ from agent_plugin.events import AgentEvent
 from agent_plugin.jobs import HeartbeatStats, RunArgs, RunHandle, RunQueue
 from agent_plugin.jobs.args import checked_run_id
 from agent_plugin.options import AgentOverrides, RunOptions
-from agent_plugin.outcomes import AgentTurn, ApprovalDecision, RunState
+from agent_plugin.outcomes import AgentTurn, ApprovalDecision, CompactionReport, RunState
 from agent_plugin.output import Output, OutputType
 from agent_plugin.records import RunPage, RunRecord, RunStatus
 from agent_plugin.runtime import AgentRuntime
+from agent_plugin.steering import MessageMode
 from agent_plugin.web.sse import local_events, sse_response
 
 __all__ = [
@@ -127,6 +128,13 @@ class AppAgent:
             options=options,
         )
 
+    async def compact(self, session: str, *, force: bool = True) -> CompactionReport | None:
+        """Compact ``session`` now with the app's compaction settings (the defaults without);
+        ``None``: nothing to fold. Raises ``CONFLICT`` if a turn was saved meanwhile."""
+        return await sessions.compact(
+            self.agent(session=session), session, store=self.runtime.session_store, force=force
+        )
+
     async def resume(
         self,
         state: RunState,
@@ -220,12 +228,15 @@ class AppAgent:
         delay: float | timedelta | None = None,
         idempotency_key: str | None = None,
         output: str | None = None,
+        message_mode: MessageMode | None = None,
     ) -> RunHandle:
         """Queue a background run; answer its id and the path that reports its status.
 
         ``session`` and ``scope`` (the memory scope), ``system_prompt`` and ``max_steps`` set
         the run's agent; ``output`` names a registered output type the run must produce (its
         record's outcome then holds the output as JSON; an unknown name is ``invalid``);
+        ``message_mode`` is the mode of a message sent to the run without one (for a
+        session's runs, the session's default: see :mod:`agent_plugin.steering`);
         ``deliver`` reports how it ended to the plugin's delivery; ``delay``
         (seconds or a timedelta) starts it later. The run's record exists (``queued``) before
         its job reaches Redis; the same ``run_id`` twice is one run. With ``idempotency_key``
@@ -247,6 +258,7 @@ class AppAgent:
                 "system_prompt": system_prompt,
                 "max_steps": max_steps,
                 "output": output,
+                "message_mode": message_mode,
             },
             deliver=deliver,
         )
@@ -290,9 +302,10 @@ class AppAgent:
         """Cancel a queued, paused or running background run (see :meth:`RunQueue.cancel`)."""
         return await self.jobs.cancel(run_id, reason)
 
-    async def steer(self, run_id: str, text: str) -> RunRecord:
-        """Send a message that joins a running background run before its next model call."""
-        return await self.jobs.steer(run_id, text)
+    async def steer(self, run_id: str, text: str, mode: MessageMode | None = None) -> RunRecord:
+        """Send a message to a running background run; ``mode`` says when it joins (``None``:
+        the run's ``message_mode``, else ``steer``: before its next model call)."""
+        return await self.jobs.steer(run_id, text, mode)
 
     async def heartbeat_stats(self) -> HeartbeatStats:
         """How the heartbeat's ticks went, across every worker: started, skipped because the

@@ -34,6 +34,7 @@ from agent_plugin.live import parse_event_id
 from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.output import Output
 from agent_plugin.records import RunPage, RunRecord, RunStatus
+from agent_plugin.steering import MessageMode
 from agent_plugin.text import storable, unstorable
 from agent_plugin.tools import Tool, ToolEffect
 from agent_plugin.web.console import CONSOLE_HEADERS, console_page
@@ -115,6 +116,10 @@ class RunRequest(BaseModel):
 
     prompt: Text = Field(min_length=1, max_length=32_000, examples=["Summarise today's tickets"])
     session: Id | None = Field(default=None, min_length=1, max_length=255)
+    message_mode: MessageMode | None = Field(
+        default=None,
+        description="When messages sent to the run without a mode join it (default steer)",
+    )
 
 
 class SteeringRequest(BaseModel):
@@ -123,6 +128,12 @@ class SteeringRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     text: Text = Field(min_length=1, max_length=32_000, examples=["Also check the staging logs"])
+    mode: MessageMode | None = Field(
+        default=None,
+        description="steer: before the next model call; followup: when the run would end; "
+        "collect: every message meanwhile, as one follow-up; interrupt: at once, asking the "
+        "model again (default: the run's message_mode, else steer)",
+    )
 
 
 class CancelRequest(BaseModel):
@@ -336,6 +347,7 @@ def _add_run_routes(
                 body.prompt,
                 session=body.session,
                 output=getattr(body, "output", None),
+                message_mode=body.message_mode,
                 idempotency_key=idempotency_key,
             )
             return _accepted(response, handle)
@@ -401,7 +413,7 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
     async def steer_run(
         run_id: RunIdPath, body: SteeringRequest, agent: AgentHandle, response: Response
     ) -> Any:
-        await agent.steer(run_id, body.text)
+        await agent.steer(run_id, body.text, body.mode)
         return _accepted(response, agent.jobs.handle(run_id))
 
     if console:
