@@ -50,6 +50,7 @@ from agent_plugin.policy import AllowAll, ToolPolicy
 from agent_plugin.providers.base import (
     LlmClient,
 )
+from agent_plugin.telemetry import Telemetry, default_telemetry
 from agent_plugin.tools import (
     Tool,
     ToolRegistry,
@@ -90,6 +91,9 @@ class Agent(Generic[AgentOutputT]):
     schema in the system prompt); a reply that does not validate, or that one of
     ``output_validators`` rejects, goes back to the model at most ``output_retries`` times
     (default 2), and each such retry is a step. Then the run ends ``output_invalid``.
+
+    ``telemetry`` says where runs' spans and metrics go and how model calls are priced
+    (default: OpenTelemetry's global providers, ``genai-prices`` where installed).
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class Agent(Generic[AgentOutputT]):
         output_mode: OutputMode | None = None,
         output_retries: int | None = None,
         output_validators: Iterable[OutputValidator[AgentOutputT]] = (),
+        telemetry: Telemetry | None = None,
     ) -> None:
         if per_tool_output_limit < 1:
             raise AgentError.config(
@@ -161,6 +166,8 @@ class Agent(Generic[AgentOutputT]):
         self.loop_guard = loop_guard if loop_guard is not None else LoopGuard()
         self.max_duration = max_duration
         self.parallel_tool_calls = parallel_tool_calls
+        self.telemetry = telemetry if telemetry is not None else default_telemetry()
+        """Spans, metrics and prices of runs (:mod:`agent_plugin.telemetry`)."""
 
     def __repr__(self) -> str:
         output = f", output={self.output.label}" if self.output is not None else ""
@@ -264,6 +271,7 @@ class Agent(Generic[AgentOutputT]):
             steps_used=state.steps_used,
             tracker=self.loop_guard.tracker(state.recent_calls),
             output_retries=state.output_retries,
+            paused_trace=state.trace,
         )
         return await run.execute(run.continue_from(pending), resumed=True)
 

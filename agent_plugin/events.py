@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentEvent",
     "ApprovalRequired",
+    "ModelFallback",
     "ModelRequestStarted",
     "ModelResponded",
     "OutcomeSummary",
@@ -129,6 +130,15 @@ class RetryScheduled(_Event):
     attempt: int
     max_attempts: int
     wait_seconds: float
+    error: ErrorInfo
+
+
+class ModelFallback(_Event):
+    """The model call moved on to the next model of a fallback list after ``error``."""
+
+    type: Literal["model_fallback"] = "model_fallback"
+    from_model: str
+    to_model: str
     error: ErrorInfo
 
 
@@ -271,6 +281,7 @@ AgentEvent: TypeAlias = Annotated[
     | ToolCallDeltaEvent
     | OutputDelta
     | RetryScheduled
+    | ModelFallback
     | ModelResponded
     | ToolStarted
     | ToolProgress

@@ -31,6 +31,7 @@ from agent_plugin.cancellation import RunCancelled, until_cancelled
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import (
     ApprovalRequired,
+    ModelFallback,
     ModelRequestStarted,
     ModelResponded,
     OutputDelta,
@@ -100,6 +101,7 @@ from agent_plugin.providers.base import (
 )
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.rounds import ToolRound
+from agent_plugin.telemetry import Telemetry
 from agent_plugin.tools import (
     ToolRegistry,
     error_payload,
@@ -113,6 +115,7 @@ if TYPE_CHECKING:  # these load on first use, not with the core
         OutputRun,
         Valid,
     )
+    from agent_plugin.providers.base import FallbackNotice
 
 
 __all__ = ["LoopAgent", "RunLoop"]
@@ -163,6 +166,9 @@ class LoopAgent(Protocol):
     @property
     def output_label(self) -> str | None: ...
 
+    @property
+    def telemetry(self) -> Telemetry: ...
+
     def definitions(self) -> tuple[ToolDefinition, ...]: ...
 
     async def system_message(self) -> ChatMessage | None: ...
@@ -186,8 +192,13 @@ class RunLoop:
         session_version: int | None,
         pending: list[PendingCall] | None = None,
         output_retries: int = 0,
+        paused_trace: dict[str, str] | None = None,
     ) -> None:
         self.agent = agent
+        self.telemetry = agent.telemetry.run(
+            run_id=run_id, session_id=session_id, client=agent.model
+        )
+        self.paused_trace = paused_trace
         self.output: OutputRun | None = None
         if agent.output is not None:
             from agent_plugin.output import OutputRun
@@ -227,6 +238,7 @@ class RunLoop:
             emit=self.emit,
             on_child_usage=self.add_usage,
             on_tool_done=self.tool_done if self.journal is not None else None,
+            traced=self.telemetry.tool if self.telemetry.active else None,
         )
 
     # --- bookkeeping -----------------------------------------------------------------------
@@ -289,6 +301,7 @@ class RunLoop:
             session_version=self.session_version,
             output=self.agent.output_label,
             output_retries=self.output.retries_used if self.output is not None else 0,
+            trace=self.telemetry.carrier(),
         )
 
     def output_context(self) -> OutputContext:
@@ -354,7 +367,12 @@ class RunLoop:
     async def execute(self, body: Awaitable[AgentOutcome], *, resumed: bool) -> AgentTurn:
         """Run ``body`` between ``run_start`` and exactly one ``run_end``."""
         with run_context(self.run_id, self.session_id):
-            return await self._execute(body, resumed=resumed)
+            return await self.telemetry.run(
+                self._execute(body, resumed=resumed),
+                resumed=resumed,
+                pending=self.initial_pending,
+                paused_trace=self.paused_trace,
+            )
 
     async def _execute(self, body: Awaitable[AgentOutcome], *, resumed: bool) -> AgentTurn:
         emit = self.emit
@@ -460,7 +478,8 @@ class RunLoop:
                 max_tokens=output_cap,
                 temperature=agent.temperature,
                 deadline=self.deadline,
-                on_retry=self.on_retry if self.emit is not None else None,
+                on_retry=self.on_retry if self.emit is not None or self.telemetry.active else None,
+                on_fallback=self.on_fallback,
             )
             hooks = self.hooks
             # what the model hooks are told, made only when there are any (it would otherwise
@@ -556,6 +575,7 @@ class RunLoop:
         return Paused(reason=control.reason, state=self.state(pending))
 
     def on_retry(self, notice: RetryNotice) -> None:
+        self.telemetry.retried(notice)
         if self.emit is not None:
             self.emit(
                 RetryScheduled(
@@ -567,13 +587,26 @@ class RunLoop:
                 )
             )
 
+    def on_fallback(self, notice: FallbackNotice) -> None:
+        self.telemetry.fell_back(notice)
+        if self.emit is not None:
+            self.emit(
+                ModelFallback(
+                    run_id=self.run_id,
+                    from_model=notice.from_model,
+                    to_model=notice.to_model,
+                    error=notice.error.info(),
+                )
+            )
+
     # --- the model call --------------------------------------------------------------------
 
     def call_model(self, request: ChatRequest) -> Awaitable[ChatResponse]:
         """The model call, bounded by the deadline and the cancel token when the run has them
         (without them, the client's own call: a coroutine fewer alive across the call)."""
-        call: Awaitable[ChatResponse] = (
-            self.consume_stream(request) if self.streaming else self.agent.model.chat(request)
+        call: Awaitable[ChatResponse] = self.telemetry.chat(
+            self.consume_stream(request) if self.streaming else self.agent.model.chat(request),
+            request,
         )
         if self.deadline is None and self.cancel is None:
             return call

@@ -139,6 +139,9 @@ class RunState(_Model):
     resume checks that its agent produces the same."""
     output_retries: int = Field(default=0, exclude_if=lambda v: v == 0)
     """How many replies were sent back to the model because they gave no valid output."""
+    trace: dict[str, str] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    """The paused run's span as W3C trace headers (empty without tracing): its resume links
+    to it."""
 
     def awaiting(self) -> list[PendingCall]:
         """The calls that wait for a reviewer's decision."""
