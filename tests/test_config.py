@@ -146,6 +146,13 @@ def test_full_section_parses(tmp_path: Path) -> None:
         health_path = "/healthz"
         session_lock = "reject"
         max_request_bytes = 65536
+        fallback_models = ["claude-haiku-4-5"]
+        trace_content = true
+
+        [agent.prices."claude-opus-4-1"]
+        input = 15
+        output = 75
+        cache_read = 1.5
 
         [[agent.mcp_servers]]
         name = "files"
@@ -173,6 +180,9 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "model_client": None,
         "endpoint": {},
         "mcp_servers": [{"name": "files", "command": "python", "args": ["server.py"]}],
+        "fallback_models": ["claude-haiku-4-5"],
+        "trace_content": True,
+        "prices": {"claude-opus-4-1": {"input": 15.0, "output": 75.0, "cache_read": 1.5}},
     }
     assert settings.resolved_model() == "claude-opus-4-1"
     assert settings.resolved_base_url() == "https://proxy.example.com"
@@ -400,6 +410,9 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "model_client": None,
         "endpoint": {},
         "mcp_servers": [],
+        "fallback_models": [],
+        "trace_content": False,
+        "prices": {},
     }
 
 
