@@ -50,7 +50,6 @@ from agent_plugin.policy import AllowAll, ToolPolicy
 from agent_plugin.providers.base import (
     LlmClient,
 )
-from agent_plugin.telemetry import Telemetry, default_telemetry
 from agent_plugin.tools import (
     Tool,
     ToolRegistry,
@@ -66,6 +65,7 @@ if TYPE_CHECKING:  # these load on first use, not with the core
         OutputValidator,
     )
     from agent_plugin.skills import Skill
+    from agent_plugin.telemetry import Telemetry
 
 __all__ = ["Agent", "AgentOutputT"]
 
@@ -166,7 +166,11 @@ class Agent(Generic[AgentOutputT]):
         self.loop_guard = loop_guard if loop_guard is not None else LoopGuard()
         self.max_duration = max_duration
         self.parallel_tool_calls = parallel_tool_calls
-        self.telemetry = telemetry if telemetry is not None else default_telemetry()
+        if telemetry is None:
+            from agent_plugin.telemetry import default_telemetry
+
+            telemetry = default_telemetry()
+        self.telemetry: Telemetry = telemetry
         """Spans, metrics and prices of runs (:mod:`agent_plugin.telemetry`)."""
 
     def __repr__(self) -> str:

@@ -101,7 +101,6 @@ from agent_plugin.providers.base import (
 )
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.rounds import ToolRound
-from agent_plugin.telemetry import Telemetry
 from agent_plugin.tools import (
     ToolRegistry,
     error_payload,
@@ -116,6 +115,7 @@ if TYPE_CHECKING:  # these load on first use, not with the core
         Valid,
     )
     from agent_plugin.providers.base import FallbackNotice
+    from agent_plugin.telemetry import Telemetry
 
 
 __all__ = ["LoopAgent", "RunLoop"]
