@@ -1,7 +1,8 @@
 """The trace of a background run crosses the queue: a real arq worker process (its SDK set up by
 ``tests/otel_worker.py``, exporting spans and metrics to files) runs the run, and its spans
 join the enqueueing request's trace; a resume joins the decision request's trace and links to
-the paused run's span. The worker's metrics count the runs, the queue wait and the retries."""
+the paused run's span. The worker's metrics count the runs, the queue wait, the retries and
+the heartbeat's ticks (it ticks every second)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class Files:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Files]:
     directory = tmp_path_factory.mktemp("telemetry_jobs")
-    env = jobs_env(directory)
+    env = jobs_env(directory, heartbeat="every:1")
     spans, metrics = directory / "spans.jsonl", directory / "metrics.jsonl"
     worker = WorkerProcess(
         env,
@@ -221,3 +222,13 @@ async def test_a_retried_run_is_counted_by_kind(files: Files, client: httpx.Asyn
         )
 
     assert await until(retried, "the run retry metric")
+
+
+async def test_heartbeat_ticks_are_counted_by_result(files: Files) -> None:
+    def ticked() -> list[dict[str, Any]]:
+        return files.metric_points().get("agent_plugin.heartbeat.ticks", [])
+
+    points = await until(ticked, "a heartbeat tick in the metrics")
+    results = {p["attributes"]["agent_plugin.heartbeat.result"] for p in points}
+    assert results <= {"started", "skipped_busy", "skipped_precheck", "failed"}
+    assert "started" in results or "skipped_busy" in results
