@@ -92,6 +92,8 @@ class Agent(Generic[AgentOutputT]):
     ``output_validators`` rejects, goes back to the model at most ``output_retries`` times
     (default 2), and each such retry is a step. Then the run ends ``output_invalid``.
 
+    ``max_cost_usd`` ends a run ``budget_exhausted`` (reason ``cost``) once its calls cost that
+    much (checked before each call; every call must be priced, see :mod:`agent_plugin.pricing`).
     ``telemetry`` says where runs' spans and metrics go and how model calls are priced
     (default: OpenTelemetry's global providers, ``genai-prices`` where installed).
     """
@@ -104,6 +106,7 @@ class Agent(Generic[AgentOutputT]):
         system_prompt: str | None = None,
         max_steps: int = 10,
         max_tokens: int = 32_000,
+        max_cost_usd: float | None = None,
         per_tool_output_limit: int = 8000,
         temperature: float | None = None,
         hooks: Iterable[AgentHooks] = (),
@@ -157,7 +160,7 @@ class Agent(Generic[AgentOutputT]):
         self._definitions: tuple[tuple[ToolDefinition, ...], tuple[ToolDefinition, ...]] | None
         self._definitions = None
         self.system_prompt = system_prompt
-        self.budget = Budget(max_steps=max_steps, max_tokens=max_tokens)
+        self.budget = Budget(max_steps=max_steps, max_tokens=max_tokens, max_cost_usd=max_cost_usd)
         self.per_tool_output_limit = per_tool_output_limit
         self.temperature = temperature
         self.hooks = tuple(hooks)

@@ -232,6 +232,9 @@ class AgentSettings(BaseSettings):
     system_prompt: str | None = None
     prompt_caching: bool = Field(default=True, description="Anthropic cache breakpoints.")
     max_run_secs: int | None = Field(default=None, ge=1, le=86400, description="Wall clock.")
+    max_cost_usd: float | None = Field(
+        default=None, gt=0, description="USD per run; every call must be priced (prices)."
+    )
     redis_url: str = "redis://127.0.0.1:6379/0"
     database_url: str = "sqlite+aiosqlite:///./agent.db"
     route_prefix: str = "/agent"

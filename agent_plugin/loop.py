@@ -509,6 +509,7 @@ class RunLoop:
                 control = await after(response, info) or control
 
             self.usage = self.usage + response.usage
+            budget.check_priced(response.usage, response.model or self.telemetry.model)
             overshoot = self.usage.total() > budget.max_tokens
             content = _with_call_ids(response.content)
             calls = tool_calls_of(content)

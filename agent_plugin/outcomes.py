@@ -285,7 +285,7 @@ class Completed(_Outcome, Generic[OutputT]):
         return True
 
 
-BudgetReason: TypeAlias = Literal["steps", "tokens", "deadline"]
+BudgetReason: TypeAlias = Literal["steps", "tokens", "deadline", "cost"]
 
 
 class BudgetExhausted(_Outcome):

@@ -230,6 +230,7 @@ class AgentRuntime:
             system_prompt=system_prompt if system_prompt is not None else settings.system_prompt,
             max_steps=max_steps if max_steps is not None else settings.max_steps,
             max_tokens=settings.max_tokens,
+            max_cost_usd=settings.max_cost_usd,
             hooks=self.hooks,
             policy=policy,
             max_duration=settings.max_run_secs,

@@ -140,6 +140,7 @@ def test_full_section_parses(tmp_path: Path) -> None:
         system_prompt = "Be brief."
         prompt_caching = false
         max_run_secs = 120
+        max_cost_usd = 2
         redis_url = "rediss://cache.example.com:6380/2"
         database_url = "postgresql+asyncpg://agent@db.example.com/agent"
         route_prefix = "/api/agent"
@@ -171,6 +172,7 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "system_prompt": "Be brief.",
         "prompt_caching": False,
         "max_run_secs": 120,
+        "max_cost_usd": 2.0,
         "redis_url": "rediss://cache.example.com:6380/2",
         "database_url": "postgresql+asyncpg://agent@db.example.com/agent",
         "route_prefix": "/api/agent",
@@ -401,6 +403,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "system_prompt": "  keep my spaces  ",
         "prompt_caching": False,
         "max_run_secs": 90,
+        "max_cost_usd": None,
         "redis_url": "redis://10.0.0.1:6379/1",
         "database_url": "sqlite+aiosqlite:///:memory:",
         "route_prefix": "/bot",
