@@ -323,3 +323,14 @@ async def test_an_unpriced_model_has_no_cost(recorder: Recorder) -> None:
     assert "cost_usd" not in turn.outcome.usage.model_dump()
     assert "agent_plugin.cost_usd" not in dict(recorder.named("chat scripted")[0].attributes or {})
     assert ChatMessage.user("x")  # transcript types untouched
+
+
+async def test_a_streamed_run_has_the_same_spans(recorder: Recorder) -> None:
+    model = ScriptedModel([tool_call("lookup", {"city": "Oslo"}), "sunny"])
+    agent = Agent(model, tools=[lookup], telemetry=recorder.telemetry)
+    events = [e async for e in agent.stream("Weather?")]
+    assert events[-1].type == "run_end"
+    names = sorted(s.name for s in recorder.finished())
+    assert names == ["chat scripted", "chat scripted", "execute_tool lookup", "invoke_agent"]
+    chat = recorder.named("chat scripted")[0]
+    assert dict(chat.attributes or {})["gen_ai.usage.output_tokens"] == 5
