@@ -154,13 +154,28 @@ async def test_a_background_run_joins_the_enqueueing_requests_trace(
     assert tool["parent_id"] == run["context"]["span_id"]
     assert record["outcome"]["usage"]["input_tokens"] == 20
 
-    points = await until(
-        lambda: (m := files.metric_points()).get("agent_plugin.run.queue_wait") and m,
-        "the worker's metrics",
-    )
-    started = points["agent_plugin.runs.started"]
-    assert any(p["attributes"]["agent_plugin.run.origin"] == "request" for p in started)
+    def request_metrics() -> dict[str, list[dict[str, Any]]] | None:
+        """The latest export, once it counts a request's run (the heartbeat's runs, every
+        second, may be exported first)."""
+        points = files.metric_points()
+
+        def by_request(name: str) -> list[dict[str, Any]]:
+            return [
+                p
+                for p in points.get(name, [])
+                if p["attributes"].get("agent_plugin.run.origin") == "request"
+            ]
+
+        finished = by_request("agent_plugin.runs.finished")
+        waited = by_request("agent_plugin.run.queue_wait")
+        if not (finished and waited and by_request("agent_plugin.runs.started")):
+            return None
+        return points
+
+    points = await until(request_metrics, "the worker's metrics of a request's run")
     assert sum(p["count"] for p in points["agent_plugin.run.queue_wait"]) >= 1
+    finished_points = points["agent_plugin.runs.finished"]
+    assert any(p["attributes"]["agent_plugin.run.status"] == "completed" for p in finished_points)
     durations = points["gen_ai.client.operation.duration"]
     assert sum(p["count"] for p in durations) >= 2
 
