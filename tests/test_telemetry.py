@@ -4,6 +4,9 @@ and reader: the span tree of a run, a paused-and-resumed run, retries, fallback 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -334,3 +337,30 @@ async def test_a_streamed_run_has_the_same_spans(recorder: Recorder) -> None:
     assert names == ["chat scripted", "chat scripted", "execute_tool lookup", "invoke_agent"]
     chat = recorder.named("chat scripted")[0]
     assert dict(chat.attributes or {})["gen_ai.usage.output_tokens"] == 5
+
+
+def test_without_opentelemetry_installed_a_run_works_and_is_priced() -> None:
+    """With the API missing (the ``otel`` extra not installed), nothing is imported or
+    recorded, and calls are still priced."""
+    script = textwrap.dedent(
+        """
+        import asyncio, sys
+        for name in ("opentelemetry", "opentelemetry.trace", "opentelemetry.metrics"):
+            sys.modules[name] = None  # import fails, as when it is not installed
+        from agent_plugin.agent import Agent
+        from agent_plugin.pricing import ModelPrice, Prices
+        from agent_plugin.providers.scripted import ScriptedModel
+        from agent_plugin.telemetry import Telemetry, trace_carrier
+
+        telemetry = Telemetry(prices=Prices({"scripted": ModelPrice(input=1, output=1)}))
+        assert not telemetry.active
+        assert trace_carrier() == {}
+        turn = asyncio.run(Agent(ScriptedModel(["hi"]), telemetry=telemetry).run("go"))
+        print(turn.outcome.status, round(turn.outcome.usage.cost_usd * 1e6))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["completed", "15"]
