@@ -65,6 +65,7 @@ if TYPE_CHECKING:  # these load on first use, not with the core
         OutputValidator,
     )
     from agent_plugin.skills import Skill
+    from agent_plugin.telemetry import Telemetry
 
 __all__ = ["Agent", "AgentOutputT"]
 
@@ -90,6 +91,11 @@ class Agent(Generic[AgentOutputT]):
     schema in the system prompt); a reply that does not validate, or that one of
     ``output_validators`` rejects, goes back to the model at most ``output_retries`` times
     (default 2), and each such retry is a step. Then the run ends ``output_invalid``.
+
+    ``max_cost_usd`` ends a run ``budget_exhausted`` (reason ``cost``) once its calls cost that
+    much (checked before each call; every call must be priced, see :mod:`agent_plugin.pricing`).
+    ``telemetry`` says where runs' spans and metrics go and how model calls are priced
+    (default: OpenTelemetry's global providers, ``genai-prices`` where installed).
     """
 
     def __init__(
@@ -100,6 +106,7 @@ class Agent(Generic[AgentOutputT]):
         system_prompt: str | None = None,
         max_steps: int = 10,
         max_tokens: int = 32_000,
+        max_cost_usd: float | None = None,
         per_tool_output_limit: int = 8000,
         temperature: float | None = None,
         hooks: Iterable[AgentHooks] = (),
@@ -115,6 +122,7 @@ class Agent(Generic[AgentOutputT]):
         output_mode: OutputMode | None = None,
         output_retries: int | None = None,
         output_validators: Iterable[OutputValidator[AgentOutputT]] = (),
+        telemetry: Telemetry | None = None,
     ) -> None:
         if per_tool_output_limit < 1:
             raise AgentError.config(
@@ -155,7 +163,7 @@ class Agent(Generic[AgentOutputT]):
         self._locked = False
         self._frozen_system: tuple[ChatMessage | None] | None = None
         """A locked agent's system message, rendered once (``None``: not rendered yet)."""
-        self.budget = Budget(max_steps=max_steps, max_tokens=max_tokens)
+        self.budget = Budget(max_steps=max_steps, max_tokens=max_tokens, max_cost_usd=max_cost_usd)
         self.per_tool_output_limit = per_tool_output_limit
         self.temperature = temperature
         self.hooks = tuple(hooks)
@@ -164,6 +172,12 @@ class Agent(Generic[AgentOutputT]):
         self.loop_guard = loop_guard if loop_guard is not None else LoopGuard()
         self.max_duration = max_duration
         self.parallel_tool_calls = parallel_tool_calls
+        if telemetry is None:
+            from agent_plugin.telemetry import default_telemetry
+
+            telemetry = default_telemetry()
+        self.telemetry: Telemetry = telemetry
+        """Spans, metrics and prices of runs (:mod:`agent_plugin.telemetry`)."""
 
     def __repr__(self) -> str:
         output = f", output={self.output.label}" if self.output is not None else ""
@@ -308,6 +322,7 @@ class Agent(Generic[AgentOutputT]):
             output_retries=state.output_retries,
             folded=state.folded,
             turn_settings=state.turn_settings,
+            paused_trace=state.trace,
         )
         return await run.execute(run.continue_from(pending), resumed=True)
 

@@ -135,14 +135,16 @@ def _answers(previous: ChatMessage, results: ChatMessage) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """The step and token limits of one run.
+    """The step, token and cost limits of one run.
 
     ``max_steps`` counts tool rounds (a final answer is free); ``max_tokens`` bounds the sum of
-    the provider-reported usage of every call.
+    the provider-reported usage of every call; ``max_cost_usd`` the sum of their cost (checked
+    before each call, so a run spends at most one call past it; every call must be priced).
     """
 
     max_steps: int = 10
     max_tokens: int = 32_000
+    max_cost_usd: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -152,6 +154,8 @@ class Budget:
                 f"max_tokens must be at least {MIN_USEFUL_REMAINING} (a model call needs room "
                 f"to answer), got {self.max_tokens}"
             )
+        if self.max_cost_usd is not None and not self.max_cost_usd > 0:
+            raise AgentError.config(f"max_cost_usd must be positive, got {self.max_cost_usd}")
 
     def exhausted(self, steps_used: int, usage: TokenUsage) -> BudgetReason | None:
         """Why no further model call may be made, or ``None``."""
@@ -159,7 +163,17 @@ class Budget:
             return "steps"
         if self.max_tokens - usage.total() < MIN_USEFUL_REMAINING:
             return "tokens"
+        if self.max_cost_usd is not None and (usage.cost_usd or 0.0) >= self.max_cost_usd:
+            return "cost"
         return None
+
+    def check_priced(self, usage: TokenUsage, model: str | None) -> None:
+        """A ``config`` error when the run has a cost limit and a call came back unpriced."""
+        if self.max_cost_usd is not None and usage.cost_usd is None:
+            raise AgentError.config(
+                f"max_cost_usd needs the price of every call, and model {model!r} has none: "
+                f'install the cost extra (genai-prices) or set [agent.prices."{model}"]'
+            )
 
     def remaining(self, usage: TokenUsage) -> int:
         return max(self.max_tokens - usage.total(), 0)

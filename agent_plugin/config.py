@@ -232,6 +232,9 @@ class AgentSettings(BaseSettings):
     system_prompt: str | None = None
     prompt_caching: bool = Field(default=True, description="Anthropic cache breakpoints.")
     max_run_secs: int | None = Field(default=None, ge=1, le=86400, description="Wall clock.")
+    max_cost_usd: float | None = Field(
+        default=None, gt=0, description="USD per run; every call must be priced (prices)."
+    )
     redis_url: str = "redis://127.0.0.1:6379/0"
     database_url: str = "sqlite+aiosqlite:///./agent.db"
     route_prefix: str = "/agent"
@@ -261,6 +264,41 @@ class AgentSettings(BaseSettings):
         description="[[agent.mcp_servers]] tables: MCP servers whose tools the agent gets "
         "(checked at startup by agent_plugin.mcp.configured_servers).",
     )
+    fallback_models: list[str] = Field(
+        default_factory=list,
+        description="Models of the same provider tried in turn when the model is unavailable, "
+        "still rate limited after retries, or the conversation is too long for it.",
+    )
+    trace_content: bool = Field(
+        default=False,
+        description="Put messages and tool arguments and results (redacted) on OpenTelemetry "
+        "spans (also OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true).",
+    )
+    prices: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description='[agent.prices."<model>"]: USD per million tokens (input, output, '
+        "cache_read, cache_write) over the genai-prices table.",
+    )
+
+    @field_validator("fallback_models")
+    @classmethod
+    def _check_fallback_models(cls, value: list[str]) -> list[str]:
+        names = [name.strip() for name in value]
+        if any(not name for name in names):
+            raise ValueError("model names must not be blank")
+        return names
+
+    @field_validator("prices")
+    @classmethod
+    def _check_prices(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        from agent_plugin.pricing import ModelPrice
+
+        for model, table in value.items():
+            try:
+                ModelPrice.of(model, table)
+            except AgentError as error:
+                raise ValueError(error.message) from None
+        return value
 
     @field_validator("provider", mode="before")
     @classmethod

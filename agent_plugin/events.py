@@ -52,6 +52,7 @@ __all__ = [
     "AgentEvent",
     "ApprovalRequired",
     "Compacted",
+    "ModelFallback",
     "ModelRequestStarted",
     "ModelResponded",
     "OutcomeSummary",
@@ -157,6 +158,15 @@ class RetryExhausted(_Event):
     elapsed_seconds: float
     reason: Literal["error", "cancelled", "deadline"] = "error"
     error: ErrorInfo | None = None
+
+
+class ModelFallback(_Event):
+    """The model call moved on to the next model of a fallback list after ``error``."""
+
+    type: Literal["model_fallback"] = "model_fallback"
+    from_model: str
+    to_model: str
+    error: ErrorInfo
 
 
 class ModelResponded(_Event):
@@ -318,6 +328,7 @@ AgentEvent: TypeAlias = Annotated[
     | RetryScheduled
     | RetrySucceeded
     | RetryExhausted
+    | ModelFallback
     | ModelResponded
     | ToolStarted
     | ToolProgress

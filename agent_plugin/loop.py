@@ -33,6 +33,7 @@ from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind, PrefixLocked
 from agent_plugin.events import (
     ApprovalRequired,
     Compacted,
+    ModelFallback,
     ModelRequestStarted,
     ModelResponded,
     OutputDelta,
@@ -121,6 +122,8 @@ if TYPE_CHECKING:  # these load on first use, not with the core
         OutputRun,
         Valid,
     )
+    from agent_plugin.providers.base import FallbackNotice
+    from agent_plugin.telemetry import Telemetry
 
 
 __all__ = ["LoopAgent", "RunLoop"]
@@ -183,6 +186,9 @@ class LoopAgent(Protocol):
     @property
     def locked(self) -> bool: ...
 
+    @property
+    def telemetry(self) -> Telemetry: ...
+
     def definitions(self) -> tuple[ToolDefinition, ...]: ...
 
     async def system_message(self) -> ChatMessage | None: ...
@@ -208,8 +214,13 @@ class RunLoop:
         output_retries: int = 0,
         folded: Folded | None = None,
         turn_settings: TurnSettings | None = None,
+        paused_trace: dict[str, str] | None = None,
     ) -> None:
         self.agent = agent
+        self.telemetry = agent.telemetry.run(
+            run_id=run_id, session_id=session_id, client=agent.model
+        )
+        self.paused_trace = paused_trace
         self.output: OutputRun | None = None
         if agent.output is not None:
             from agent_plugin.output import OutputRun
@@ -256,6 +267,7 @@ class RunLoop:
             emit=self.emit,
             on_child_usage=self.add_usage,
             on_tool_done=self.tool_done if self.journal is not None else None,
+            traced=self.telemetry.tool if self.telemetry.active else None,
         )
 
     # --- bookkeeping -----------------------------------------------------------------------
@@ -336,6 +348,7 @@ class RunLoop:
             output_retries=self.output.retries_used if self.output is not None else 0,
             folded=self.folded,
             turn_settings=self.turn_settings,
+            trace=self.telemetry.carrier(),
         )
 
     def output_context(self) -> OutputContext:
@@ -401,7 +414,12 @@ class RunLoop:
     async def execute(self, body: Awaitable[AgentOutcome], *, resumed: bool) -> AgentTurn:
         """Run ``body`` between ``run_start`` and exactly one ``run_end``."""
         with run_context(self.run_id, self.session_id):
-            return await self._execute(body, resumed=resumed)
+            return await self.telemetry.run(
+                self._execute(body, resumed=resumed),
+                resumed=resumed,
+                pending=self.initial_pending,
+                paused_trace=self.paused_trace,
+            )
 
     async def _execute(self, body: Awaitable[AgentOutcome], *, resumed: bool) -> AgentTurn:
         emit = self.emit
@@ -516,7 +534,8 @@ class RunLoop:
                 max_tokens=output_cap,
                 temperature=agent.temperature,
                 deadline=self.deadline,
-                on_retry=self.on_retry if self.emit is not None else None,
+                on_retry=self.on_retry if self.emit is not None or self.telemetry.active else None,
+                on_fallback=self.on_fallback,
             )
             if self.turn_settings is not None:
                 request.model = self.turn_settings.model
@@ -551,6 +570,7 @@ class RunLoop:
                 control = await after(response, info) or control
 
             self.usage = self.usage + response.usage
+            budget.check_priced(response.usage, response.model or self.telemetry.model)
             overshoot = self.usage.total() > budget.max_tokens
             content = _with_call_ids(response.content)
             calls = tool_calls_of(content)
@@ -717,8 +737,21 @@ class RunLoop:
         return Paused(reason=control.reason, state=self.state(pending))
 
     def on_retry(self, notice: RetryNotice) -> None:
+        self.telemetry.retried(notice)
         if self.retries is not None:
             self.retries.scheduled(notice)
+
+    def on_fallback(self, notice: FallbackNotice) -> None:
+        self.telemetry.fell_back(notice)
+        if self.emit is not None:
+            self.emit(
+                ModelFallback(
+                    run_id=self.run_id,
+                    from_model=notice.from_model,
+                    to_model=notice.to_model,
+                    error=notice.error.info(),
+                )
+            )
 
     # --- the model call --------------------------------------------------------------------
 
@@ -820,8 +853,9 @@ class RunLoop:
     def call_model(self, request: ChatRequest) -> Awaitable[ChatResponse]:
         """The model call, bounded by the deadline and the cancel token when the run has them
         (without them, the client's own call: a coroutine fewer alive across the call)."""
-        call: Awaitable[ChatResponse] = (
-            self.consume_stream(request) if self.streaming else self.agent.model.chat(request)
+        call: Awaitable[ChatResponse] = self.telemetry.chat(
+            self.consume_stream(request) if self.streaming else self.agent.model.chat(request),
+            request,
         )
         if self.deadline is None and self.cancel is None:
             return call

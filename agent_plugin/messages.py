@@ -280,12 +280,15 @@ class TokenUsage(_Model):
 
     ``input_tokens`` is the full prompt size, cached or not; the two cache counts are subsets of
     it, so :meth:`total` is ``input + output``. Sums saturate at 2**32 - 1 like the seed.
+    ``cost_usd`` is what the tokens cost in US dollars, where a price is known
+    (:mod:`agent_plugin.pricing`); ``None``: no call of the sum was priced.
     """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    cost_usd: float | None = Field(default=None, ge=0, exclude_if=lambda v: v is None)
 
     def total(self) -> int:
         return min(self.input_tokens + self.output_tokens, TOKEN_MAX)
@@ -296,7 +299,14 @@ class TokenUsage(_Model):
             output_tokens=min(self.output_tokens + other.output_tokens, TOKEN_MAX),
             cache_read_tokens=min(self.cache_read_tokens + other.cache_read_tokens, TOKEN_MAX),
             cache_write_tokens=min(self.cache_write_tokens + other.cache_write_tokens, TOKEN_MAX),
+            cost_usd=_cost_sum(self.cost_usd, other.cost_usd),
         )
+
+
+def _cost_sum(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 _UNANSWERED = '{"error":"no result was recorded for this call"}'

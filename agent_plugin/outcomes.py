@@ -178,6 +178,9 @@ class RunState(_Model):
     """The head of the history the run folded into a summary so far (``None``: none)."""
     turn_settings: TurnSettings | None = Field(default=None, exclude_if=lambda v: v is None)
     """What turn-level hooks set for the next requests (``None``: nothing)."""
+    trace: dict[str, str] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    """The paused run's span as W3C trace headers (empty without tracing): its resume links
+    to it."""
 
     def awaiting(self) -> list[PendingCall]:
         """The calls that wait for a reviewer's decision."""
@@ -321,7 +324,7 @@ class Completed(_Outcome, Generic[OutputT]):
         return True
 
 
-BudgetReason: TypeAlias = Literal["steps", "tokens", "deadline"]
+BudgetReason: TypeAlias = Literal["steps", "tokens", "deadline", "cost"]
 
 
 class BudgetExhausted(_Outcome):

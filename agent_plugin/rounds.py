@@ -106,7 +106,9 @@ class ToolRound:
         emit: Callable[[AgentEvent], None] | None,
         on_child_usage: UsageSink | None = None,
         on_tool_done: Callable[[int, ToolCall, ToolOutput], Awaitable[None]] | None = None,
+        traced: Callable[[ToolCall, Awaitable[ToolOutput]], Awaitable[ToolOutput]] | None = None,
     ) -> None:
+        self.traced = traced
         self.on_child_usage = on_child_usage
         self.on_tool_done = on_tool_done
         self.tools = tools
@@ -286,7 +288,9 @@ class ToolRound:
 
     async def _invoke(self, ready: _Ready, ctx: ToolContext, position: int) -> ToolOutput:
         """Execute one call and journal its result as soon as it is known."""
-        output = await self._execute(ready, ctx)
+        execution = self._execute(ready, ctx)
+        traced = self.traced
+        output = await (execution if traced is None else traced(ready.call, execution))
         if self.on_tool_done is not None:
             await self.on_tool_done(position, ready.call, output)
         return output

@@ -30,6 +30,7 @@ from agent_plugin.memory import MemoryStore
 from agent_plugin.options import DEFAULT_OVERRIDES, AgentOverrides
 from agent_plugin.output import Output, OutputType
 from agent_plugin.policy import AllowAll, Strictest, ToolPolicy, ToolRules
+from agent_plugin.pricing import ModelPrice, Prices
 from agent_plugin.proactive import (
     Delivery,
     Enqueue,
@@ -43,6 +44,7 @@ from agent_plugin.providers.factory import create_client
 from agent_plugin.redaction import register_secret, unregister_secret
 from agent_plugin.sessions import SessionStore
 from agent_plugin.skills import Skill, load_skills
+from agent_plugin.telemetry import Telemetry
 from agent_plugin.tools import Tool, ToolRegistry
 from agent_plugin.toolsets import (
     LiveToolset,
@@ -101,8 +103,11 @@ class AgentRuntime:
         toolsets: Sequence[LiveToolset] = (),
         outputs: Mapping[str, Output[Any]] = _NO_OUTPUTS,
         owns_client: bool = False,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
+        self.telemetry = telemetry if telemetry is not None else telemetry_of(settings)
+        """Spans, metrics and prices of every agent the runtime builds."""
         self.outputs: Mapping[str, Output[Any]] = dict(outputs)
         self.client = client
         self.tools = ToolRegistry(tools)
@@ -225,6 +230,7 @@ class AgentRuntime:
             system_prompt=system_prompt if system_prompt is not None else settings.system_prompt,
             max_steps=max_steps if max_steps is not None else settings.max_steps,
             max_tokens=settings.max_tokens,
+            max_cost_usd=settings.max_cost_usd,
             hooks=self.hooks,
             policy=policy,
             max_duration=settings.max_run_secs,
@@ -233,6 +239,7 @@ class AgentRuntime:
             skills=self.skills,
             compaction=self.compaction,
             output_type=output,
+            telemetry=self.telemetry,
         )
 
     def register_secrets(self, values: Iterable[str | None]) -> None:
@@ -424,6 +431,11 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
     for folder in spec.skill_folders:
         skills.extend(load_skills(folder))
     client, owns_client = _client_for(spec, settings)
+    if settings.fallback_models:
+        from agent_plugin.providers.fallback import FallbackClient, FallbackModel
+
+        models = [FallbackModel(client, name) for name in settings.fallback_models]
+        client = FallbackClient([client, *models])
     database: Database | None = None
     toolsets: list[LiveToolset] = []
     try:
@@ -485,6 +497,13 @@ def _toolsets_for(spec: RuntimeSpec, settings: AgentSettings) -> list[Toolset]:
     from agent_plugin.mcp import configured_servers
 
     return [*spec.toolsets, *configured_servers(settings.mcp_servers)]
+
+
+def telemetry_of(settings: AgentSettings) -> Telemetry:
+    """The telemetry the settings ask for: contents on spans with ``trace_content`` (or the
+    convention's variable), the configured prices over the ``genai-prices`` table."""
+    prices = Prices({model: ModelPrice.of(model, t) for model, t in settings.prices.items()})
+    return Telemetry(record_content=settings.trace_content or None, prices=prices)
 
 
 def _client_for(spec: RuntimeSpec, settings: AgentSettings) -> tuple[LlmClient, bool]:

@@ -533,11 +533,18 @@ async def _migrate(url: str) -> None:
 
 
 class WorkerProcess:
-    """``python -m arq tests.jobs_app.WorkerSettings`` as a subprocess of the test."""
+    """``python -m arq tests.jobs_app.WorkerSettings`` (or another ``settings``) as a
+    subprocess of the test."""
 
     def __init__(
-        self, env: JobsEnv, *, name: str = "worker", extra: Mapping[str, str] | None = None
+        self,
+        env: JobsEnv,
+        *,
+        name: str = "worker",
+        extra: Mapping[str, str] | None = None,
+        settings: str = "tests.jobs_app.WorkerSettings",
     ) -> None:
+        self.settings = settings
         self.env = env
         self.name = name
         self.extra = dict(extra or {})
@@ -554,7 +561,7 @@ class WorkerProcess:
         output = open(self.env.directory / f"{self.name}-{self.starts}.out", "wb")  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "arq", "tests.jobs_app.WorkerSettings"],
+                [sys.executable, "-m", "arq", self.settings],
                 cwd=ROOT,
                 env={**os.environ, **self.env.environ, **self.extra},
                 stdout=output,

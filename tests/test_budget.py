@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent_plugin.agent import Agent
 from agent_plugin.budget import (
     MAX_CALL_TOKENS,
     MIN_USEFUL_REMAINING,
@@ -36,6 +38,11 @@ from agent_plugin.messages import (
     ToolResult,
     ToolResultPart,
 )
+from agent_plugin.outcomes import BudgetExhausted
+from agent_plugin.pricing import ModelPrice, Prices
+from agent_plugin.providers.scripted import ScriptedModel, tool_call
+from agent_plugin.telemetry import Telemetry
+from agent_plugin.tools import tool
 
 # --- estimates ---------------------------------------------------------------------------------
 
@@ -495,3 +502,50 @@ def test_output_cap_bounds(remaining: int, history: int) -> None:
     assert cap <= MAX_CALL_TOKENS
     assert cap <= remaining - history
     assert cap == MAX_CALL_TOKENS or cap == remaining - history
+
+
+# --- the cost limit ------------------------------------------------------------------------
+
+
+@tool
+def work(n: int) -> int:
+    """Work."""
+    return n
+
+
+def _priced_agent(model: ScriptedModel, max_cost_usd: float, **kwargs: Any) -> Agent[Any]:
+    prices = Prices({"scripted": ModelPrice(input=1000.0, output=1000.0)}, table=False)
+    return Agent(model, max_cost_usd=max_cost_usd, telemetry=Telemetry(prices=prices), **kwargs)
+
+
+async def test_max_cost_usd_stops_the_run_at_most_one_call_past_it() -> None:
+    # each call: 10 in + 5 out at $1000/MTok = $0.015; the limit is crossed by the 3rd call
+    model = ScriptedModel([tool_call("work", {"n": i}) for i in range(10)])
+    agent = _priced_agent(model, 0.04, tools=[work], max_steps=50)
+    outcome = (await agent.run("go")).outcome
+    assert isinstance(outcome, BudgetExhausted)
+    assert outcome.reason == "cost"
+    assert model.calls == 3
+    assert outcome.usage.cost_usd == pytest.approx(0.045)
+    assert outcome.usage.cost_usd - 0.04 <= 0.015 + 1e-12  # one call past it, at most
+
+
+async def test_a_run_under_its_cost_limit_completes() -> None:
+    outcome = (await _priced_agent(ScriptedModel(["hi"]), 1.0).run("go")).outcome
+    assert outcome.status == "completed"
+    assert outcome.usage.cost_usd == pytest.approx(0.015)
+
+
+async def test_max_cost_usd_needs_priced_calls() -> None:
+    agent = Agent(ScriptedModel(["hi"]), max_cost_usd=1.0)
+    with pytest.raises(AgentError) as caught:
+        await agent.run("go")
+    assert caught.value.kind is ErrorKind.CONFIG
+    assert "max_cost_usd" in caught.value.message
+    assert "scripted" in caught.value.message
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0])
+def test_max_cost_usd_must_be_positive(bad: float) -> None:
+    with pytest.raises(AgentError):
+        Budget(max_cost_usd=bad)

@@ -140,12 +140,20 @@ def test_full_section_parses(tmp_path: Path) -> None:
         system_prompt = "Be brief."
         prompt_caching = false
         max_run_secs = 120
+        max_cost_usd = 2
         redis_url = "rediss://cache.example.com:6380/2"
         database_url = "postgresql+asyncpg://agent@db.example.com/agent"
         route_prefix = "/api/agent"
         health_path = "/healthz"
         session_lock = "reject"
         max_request_bytes = 65536
+        fallback_models = ["claude-haiku-4-5"]
+        trace_content = true
+
+        [agent.prices."claude-opus-4-1"]
+        input = 15
+        output = 75
+        cache_read = 1.5
 
         [[agent.mcp_servers]]
         name = "files"
@@ -164,6 +172,7 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "system_prompt": "Be brief.",
         "prompt_caching": False,
         "max_run_secs": 120,
+        "max_cost_usd": 2.0,
         "redis_url": "rediss://cache.example.com:6380/2",
         "database_url": "postgresql+asyncpg://agent@db.example.com/agent",
         "route_prefix": "/api/agent",
@@ -173,6 +182,9 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "model_client": None,
         "endpoint": {},
         "mcp_servers": [{"name": "files", "command": "python", "args": ["server.py"]}],
+        "fallback_models": ["claude-haiku-4-5"],
+        "trace_content": True,
+        "prices": {"claude-opus-4-1": {"input": 15.0, "output": 75.0, "cache_read": 1.5}},
     }
     assert settings.resolved_model() == "claude-opus-4-1"
     assert settings.resolved_base_url() == "https://proxy.example.com"
@@ -391,6 +403,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "system_prompt": "  keep my spaces  ",
         "prompt_caching": False,
         "max_run_secs": 90,
+        "max_cost_usd": None,
         "redis_url": "redis://10.0.0.1:6379/1",
         "database_url": "sqlite+aiosqlite:///:memory:",
         "route_prefix": "/bot",
@@ -400,6 +413,9 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "model_client": None,
         "endpoint": {},
         "mcp_servers": [],
+        "fallback_models": [],
+        "trace_content": False,
+        "prices": {},
     }
 
 

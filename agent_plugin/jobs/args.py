@@ -32,7 +32,8 @@ RUN_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 class RunArgs(BaseModel):
     """A background run's task: the prompt, the agent's overrides (``overrides.output`` names
     the registered output type it must produce), whether its end is reported (``deliver``)
-    and who started it. Kept in the run's record, never in Redis."""
+    and who started it. Kept in the run's record, never in Redis. ``trace`` is the enqueueing
+    request's trace context (W3C headers; empty without tracing): the worker's spans join it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -40,6 +41,7 @@ class RunArgs(BaseModel):
     overrides: AgentOverrides = DEFAULT_OVERRIDES
     deliver: bool = False
     origin: RunOrigin = "request"
+    trace: dict[str, str] = Field(default_factory=dict, exclude_if=lambda v: not v)
 
     @classmethod
     def checked(

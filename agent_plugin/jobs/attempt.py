@@ -54,6 +54,7 @@ from agent_plugin.proactive import DEFAULT_DELIVERY_TIMEOUT, ReportSource, deliv
 from agent_plugin.records import RunRecord, RunStatus
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.steering import Steering
+from agent_plugin.telemetry import job_scope
 
 __all__ = [
     "Attempt",
@@ -196,6 +197,7 @@ class Attempt:
         *,
         job_id: str,
         resume: bool = False,
+        trace: dict[str, str] | None = None,
     ) -> None:
         self.runtime = runtime
         self.queue = queue
@@ -206,6 +208,8 @@ class Attempt:
         self.run_id = run_id
         self.job_id = job_id
         self.resume = resume
+        self.trace = trace
+        """The resume request's trace context (a fresh run's is in its arguments)."""
         self.stage = Stage.WAITING
         self.attempt: int | None = None
         """The run's attempt number this delivery started (once :attr:`stage` is RUNNING)."""
@@ -333,6 +337,9 @@ class Attempt:
             return await self._current_status()
         self.stage = Stage.RUNNING
         attempt = self.attempt = record.attempt
+        if attempt == 1 and not self.resume and record.started_at is not None:
+            wait = (record.started_at - record.created_at).total_seconds()
+            self.runtime.telemetry.queue_waited(wait, args.origin)
         if attempt > self.options.max_deliveries:
             return await self._give_up(attempt)
         try:
@@ -457,6 +464,7 @@ class Attempt:
             if retries == 1:  # when the retries began, for their end event
                 await self.redis.set(self._since_key, repr(time.time()), nx=True, ex=86_400)
             if retries < self.options.max_attempts:
+                self.runtime.telemetry.run_retried(error)
                 delay = self.options.backoff(retries, error.retry_after)
                 await self.store.requeue(self.run_id, attempt=attempt, not_before=delay)
                 logger.info(
@@ -676,7 +684,8 @@ class Attempt:
                 )
             except (RedisError, OSError, TimeoutError) as error:
                 logger.warning("run %s: cannot watch its control channel: %s", self.run_id, error)
-            return await self._drive_live(record, args, agent, live)
+            with job_scope(self.trace or args.trace, origin=args.origin):
+                return await self._drive_live(record, args, agent, live)
 
     def _steering(self, args: RunArgs, stack: contextlib.AsyncExitStack) -> Steering:
         """The run's message queue: messages without a mode join as the run's

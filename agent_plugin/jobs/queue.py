@@ -48,6 +48,7 @@ from agent_plugin.records import RunRecord, RunStatus
 from agent_plugin.redaction import redact_text
 from agent_plugin.steering import MessageMode
 from agent_plugin.storage import SqlRunStore
+from agent_plugin.telemetry import trace_carrier
 
 __all__ = ["AGENT_RESUME", "AGENT_RUN", "IDEMPOTENCY_TTL", "HeartbeatStats", "RunQueue"]
 
@@ -190,6 +191,8 @@ class RunQueue:
         A run whose job cannot be queued is not recorded, so the same id can be enqueued again.
         """
         redis = await self.redis()
+        if not args.trace and (carrier := trace_carrier()):
+            args = args.model_copy(update={"trace": carrier})
         session = args.overrides.session
         lock = self._claim_for(session, run_id) if claim_session else None
         claimed = 0
@@ -296,7 +299,11 @@ class RunQueue:
             try:
                 async with self._reaching_redis():
                     await redis.enqueue_job(
-                        AGENT_RESUME, run_id, _job_id=job_id, _queue_name=self.options.queue_name
+                        AGENT_RESUME,
+                        run_id,
+                        _job_id=job_id,
+                        _queue_name=self.options.queue_name,
+                        **_trace_kwargs(),
                     )
             except AgentError:
                 # the run awaits approval again: the same decisions can be sent once more
@@ -585,3 +592,9 @@ class _ReaderPlace:
 
 def _give_back(queue: RunQueue) -> None:
     queue.readers -= 1
+
+
+def _trace_kwargs() -> dict[str, Any]:
+    """The resume request's trace context for ``agent_resume`` (nothing without tracing)."""
+    carrier = trace_carrier()
+    return {"trace": carrier} if carrier else {}

@@ -99,7 +99,9 @@ def _answer(run_id: str, verdict: Verdict) -> dict[str, Any]:
     raise Retry(defer=verdict.seconds)
 
 
-async def _deliver(ctx: dict[str, Any], run_id: str, *, resume: bool) -> dict[str, Any]:
+async def _deliver(
+    ctx: dict[str, Any], run_id: str, *, resume: bool, trace: dict[str, str] | None = None
+) -> dict[str, Any]:
     worker = _worker_of(ctx)
     run_id = run_id.strip()
     attempt = Attempt(
@@ -110,6 +112,7 @@ async def _deliver(ctx: dict[str, Any], run_id: str, *, resume: bool) -> dict[st
         run_id,
         job_id=str(ctx.get("job_id", run_id)),
         resume=resume,
+        trace=trace,
     )
     return _answer(run_id, await attempt.run())
 
@@ -121,13 +124,16 @@ async def agent_run(ctx: dict[str, Any], run_id: str) -> dict[str, Any]:
     return await _deliver(ctx, run_id, resume=False)
 
 
-async def agent_resume(ctx: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """The arq job that resumes a paused run with the decisions its record holds.
+async def agent_resume(
+    ctx: dict[str, Any], run_id: str, trace: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The arq job that resumes a paused run with the decisions its record holds (``trace``:
+    the resume request's trace context, which the resume's spans join).
 
     Errors are never retried (approved calls may act on the world); a worker that died is
     replaced, and its successor continues from the checkpoints without repeating a call.
     """
-    return await _deliver(ctx, run_id, resume=True)
+    return await _deliver(ctx, run_id, resume=True, trace=trace)
 
 
 async def agent_heartbeat(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +158,9 @@ async def agent_heartbeat(ctx: dict[str, Any]) -> dict[str, Any]:
         logger.debug("agent_heartbeat: %s does not fire on this date", heartbeat.description())
         return {"status": "not_scheduled"}
     tick_id = str(ctx.get("job_id") or uuid.uuid4().hex)
-    return await tick(worker.queue, worker.runtime, heartbeat, tick_id)
+    ticked = await tick(worker.queue, worker.runtime, heartbeat, tick_id)
+    worker.runtime.telemetry.heartbeat_ticked(str(ticked.get("status")))
+    return ticked
 
 
 async def start_worker(

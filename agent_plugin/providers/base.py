@@ -8,6 +8,7 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_plugin.errors import AgentError
 from agent_plugin.messages import (
     ChatMessage,
     ContentPart,
@@ -23,6 +24,7 @@ from agent_plugin.providers.retry import RetryNotice
 __all__ = [
     "ChatRequest",
     "ChatResponse",
+    "FallbackNotice",
     "LlmClient",
     "ResponseFormat",
     "StreamDone",
@@ -51,6 +53,17 @@ class ResponseFormat:
     strict: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class FallbackNotice:
+    """The call moved from ``from_model`` to ``to_model`` (of ``to_provider``) after ``error``."""
+
+    from_model: str
+    to_model: str
+    to_provider: str
+    to_base_url: str | None
+    error: AgentError
+
+
 @dataclass(slots=True)
 class ChatRequest:
     """One model call. Hooks may edit it before it is sent.
@@ -63,7 +76,8 @@ class ChatRequest:
     native mode), stop sequences, the model, prompt caching, and provider-specific body fields.
     ``extra_body`` is merged into the wire body last (see :func:`merge_extra_body`): its values
     win, and a ``None`` value removes the key. ``deadline`` (event-loop time) and ``on_retry``
-    bound and report the client's retries.
+    bound and report the client's retries; ``on_fallback`` hears a
+    :class:`~agent_plugin.providers.fallback.FallbackClient` move on to its next model.
     """
 
     messages: list[ChatMessage]
@@ -80,6 +94,7 @@ class ChatRequest:
     extra_body: dict[str, Any] = field(default_factory=dict)
     deadline: float | None = None
     on_retry: Callable[[RetryNotice], None] | None = None
+    on_fallback: Callable[[FallbackNotice], None] | None = None
 
 
 class ChatResponse(BaseModel):

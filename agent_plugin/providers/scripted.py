@@ -85,6 +85,11 @@ class ScriptedModel:
     def __repr__(self) -> str:
         return f"ScriptedModel(remaining={len(self.script)}, calls={self.calls})"
 
+    @property
+    def model(self) -> str:
+        """The model it plays (the first of ``models``): what spans and prices name."""
+        return self.models[0] if self.models else "scripted"
+
     def push(self, *replies: Reply) -> None:
         self.script.extend(replies)
 
