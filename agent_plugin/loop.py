@@ -414,12 +414,17 @@ class RunLoop:
     async def execute(self, body: Awaitable[AgentOutcome], *, resumed: bool) -> AgentTurn:
         """Run ``body`` between ``run_start`` and exactly one ``run_end``."""
         with run_context(self.run_id, self.session_id):
-            return await self.telemetry.run(
-                self._execute(body, resumed=resumed),
-                resumed=resumed,
-                pending=self.initial_pending,
-                paused_trace=self.paused_trace,
-            )
+            try:
+                return await self.telemetry.run(
+                    self._execute(body, resumed=resumed),
+                    resumed=resumed,
+                    pending=self.initial_pending,
+                    paused_trace=self.paused_trace,
+                )
+            finally:
+                # the rounds call back into this loop: cut the cycle, so the run's state goes
+                # with its last reference rather than waiting for a full garbage collection
+                self.rounds.on_child_usage = self.rounds.on_tool_done = None
 
     async def _execute(self, body: Awaitable[AgentOutcome], *, resumed: bool) -> AgentTurn:
         emit = self.emit

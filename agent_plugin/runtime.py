@@ -40,7 +40,6 @@ from agent_plugin.proactive import (
     LogDelivery,
 )
 from agent_plugin.providers.base import LlmClient
-from agent_plugin.providers.factory import create_client
 from agent_plugin.redaction import register_secret, unregister_secret
 from agent_plugin.sessions import SessionStore
 from agent_plugin.skills import Skill, load_skills
@@ -516,6 +515,8 @@ def _client_for(spec: RuntimeSpec, settings: AgentSettings) -> tuple[LlmClient, 
             return built, True
     if settings.model_client is not None:
         return _imported_client(settings.model_client, settings)
+    from agent_plugin.providers.factory import create_client  # httpx: with the first client
+
     api_key = settings.require_api_key(spec.environ)
     transport = spec.http_transport() if spec.http_transport is not None else None
     return create_client(settings, api_key=api_key, transport=transport), True

@@ -36,7 +36,9 @@ async def base_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     try:
-        for _ in range(500):
+        # startup opens the stores and the model client, whose libraries load then (not with
+        # the import): a loaded machine takes seconds
+        for _ in range(3000):
             if server.started or task.done():
                 break
             await asyncio.sleep(0.01)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import agent_plugin
 
 BLOCKED = ("fastapi", "starlette", "arq", "redis", "sqlalchemy", "alembic")
@@ -167,3 +169,46 @@ def test_the_http_engine_loads_with_the_first_client_not_with_the_wire_modules()
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "True"]
+
+
+def test_the_web_side_leaves_background_runs_and_the_http_engines_unloaded() -> None:
+    """``import agent_plugin.web`` (and ``agent_plugin``) loads no part of background runs (arq,
+    Redis, SQLAlchemy) nor of an HTTP engine: they load when a queue, a store or a client is
+    opened (issue 20)."""
+    heavy = ("sqlalchemy", "alembic", "arq", "redis", "aiohttp", "httpx_aiohttp", "httpx")
+    modules = ("agent_plugin.jobs.queue", "agent_plugin.jobs.worker", "agent_plugin.storage")
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import agent_plugin, agent_plugin.web
+        from agent_plugin import AgentPlugin, JobOptions, RunHandle
+        from agent_plugin.web import AgentHandle, AppAgent, health_router
+        print(sorted({{m.split(".")[0] for m in sys.modules}} & set({heavy!r})))
+        print(sorted(m for m in {modules!r} if m in sys.modules))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[]", "[]"]
+
+
+def test_the_lazy_names_of_jobs_and_live_are_the_modules_own() -> None:
+    from agent_plugin import jobs, live
+    from agent_plugin.jobs import queue, redis, ticks, worker
+    from agent_plugin.live import control
+
+    assert jobs.RunQueue is queue.RunQueue
+    assert jobs.HeartbeatStats is queue.HeartbeatStats
+    assert jobs.SessionLock is redis.SessionLock
+    assert jobs.heartbeat_cron is ticks.heartbeat_cron
+    assert jobs.worker_settings is worker.worker_settings
+    assert live.ControlWatcher is control.ControlWatcher
+    assert live.watch is control.watch
+    assert all(getattr(jobs, name) is not None for name in jobs.__all__)
+    assert all(getattr(live, name) is not None for name in live.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        getattr(jobs, "nothing")  # noqa: B009
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        getattr(live, "nothing")  # noqa: B009

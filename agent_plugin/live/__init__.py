@@ -1,8 +1,11 @@
 """Live runs across processes, on Redis: event streams (:mod:`agent_plugin.live.streams`) and
 cancel and steering requests (:mod:`agent_plugin.live.control`). An adapter: the core never
-imports it."""
+imports it. Redis itself loads with the first stream or channel: the web side imports this
+package's helpers for runs that never leave the process too."""
 
-from agent_plugin.live.control import ControlWatcher, RunControlChannel, watch
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from agent_plugin.live.streams import (
     DEFAULT_PREFIX,
     DeltaGuard,
@@ -16,6 +19,18 @@ from agent_plugin.live.streams import (
     read_events,
     stream_key,
 )
+
+if TYPE_CHECKING:
+    from agent_plugin.live.control import ControlWatcher, RunControlChannel, watch
+
+_LAZY = frozenset({"ControlWatcher", "RunControlChannel", "watch"})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'agent_plugin.live' has no attribute {name!r}")
+    return getattr(import_module("agent_plugin.live.control"), name)
+
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -12,16 +12,17 @@ import logging
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import JsonValue
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from agent_plugin.cancellation import stop_task
 from agent_plugin.errors import AgentError
 from agent_plugin.events import AgentEvent, RunEnded, TextDeltaEvent, ThinkingDeltaEvent
 from agent_plugin.redaction import ASSIGNED_SECRET, redact_deep
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 logger = logging.getLogger("agent_plugin.live")
 
@@ -276,6 +277,8 @@ class EventPublisher:
                 await self.stream.write(batch)
                 return
             except Exception as error:
+                from redis.exceptions import RedisError  # loaded by now: the stream writes on it
+
                 if delay is None or not isinstance(error, RedisError | OSError | TimeoutError):
                     self.dropped += len(batch)
                     logger.warning(

@@ -10,13 +10,14 @@ import hmac
 import math
 import os
 import time
-from typing import Final
-
-import httpx
+from typing import TYPE_CHECKING, Final
 
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.proactive.reports import Report
 from agent_plugin.redaction import redact_text, register_secret, scrub
+
+if TYPE_CHECKING:
+    import httpx
 
 SIGNATURE_HEADER: Final = "X-Agent-Signature"
 """``sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`` (see :func:`webhook_signature`)."""
@@ -103,6 +104,8 @@ class WebhookDelivery:
         timeout: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        import httpx  # loaded with the first webhook, not with the package
+
         try:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, TypeError) as exc:
@@ -133,6 +136,8 @@ class WebhookDelivery:
         """Scheme, host and port of the url: what logs and errors show of it."""
 
     def _http(self) -> httpx.AsyncClient:
+        import httpx
+
         if self._client is None:
             self._client = httpx.AsyncClient(
                 transport=self._transport,
@@ -144,6 +149,8 @@ class WebhookDelivery:
 
     async def deliver(self, report: Report) -> None:
         """POST ``report``; raise :class:`AgentError` unless the receiver answers 2xx."""
+        import httpx
+
         body = report.model_dump_json().encode("utf-8")
         timestamp = str(int(time.time()))
         headers = {

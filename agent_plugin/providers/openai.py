@@ -654,7 +654,9 @@ def _usage(raw: object) -> TokenUsage:
 
 
 def _count(value: object) -> int | None:
-    if isinstance(value, bool):
+    if type(value) is int:  # what servers send (or None): decided at once
+        return min(max(value, 0), TOKEN_MAX)
+    if value is None or isinstance(value, bool):
         return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)

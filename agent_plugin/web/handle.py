@@ -8,7 +8,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
-from typing import Annotated, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
@@ -18,7 +18,7 @@ from agent_plugin import sessions
 from agent_plugin.agent import Agent
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent
-from agent_plugin.jobs import HeartbeatStats, RunArgs, RunHandle, RunQueue
+from agent_plugin.jobs import RunArgs, RunHandle
 from agent_plugin.jobs.args import checked_run_id
 from agent_plugin.options import AgentOverrides, RunOptions
 from agent_plugin.outcomes import AgentTurn, ApprovalDecision, CompactionReport, RunState
@@ -27,6 +27,9 @@ from agent_plugin.records import RunPage, RunRecord, RunStatus
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.steering import MessageMode
 from agent_plugin.web.sse import local_events, sse_response
+
+if TYPE_CHECKING:
+    from agent_plugin.jobs import HeartbeatStats, RunQueue
 
 __all__ = [
     "NOT_INSTALLED",

@@ -17,7 +17,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, Literal
 
-from arq.constants import health_check_key_suffix
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, JsonValue
@@ -272,6 +271,8 @@ async def _redis_up(queue: RunQueue) -> ComponentHealth:
 
 
 async def _workers_up(queue: RunQueue) -> ComponentHealth:
+    from arq.constants import health_check_key_suffix  # a queue is configured: arq is loaded
+
     redis = await queue.redis()
     name = queue.options.queue_name
     beat = await redis.get(name + health_check_key_suffix)

@@ -23,8 +23,7 @@ from agent_plugin.compaction import Compaction
 from agent_plugin.config import AgentSettings, config_sources
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.hooks import AgentHooks
-from agent_plugin.jobs import JobOptions, RunQueue
-from agent_plugin.jobs import worker_settings as jobs_worker_settings
+from agent_plugin.jobs import JobOptions
 from agent_plugin.memory import MemoryStore
 from agent_plugin.options import OUTPUT_NAME_PATTERN
 from agent_plugin.output import Output, OutputType
@@ -344,6 +343,8 @@ class AgentPlugin:
         options = self.job_options()
         if runtime.runs is None or options is None:
             return AppAgent(runtime)
+        from agent_plugin.jobs.queue import RunQueue  # arq, Redis: only with background runs
+
         return AppAgent(runtime, RunQueue(runtime.settings, runtime.runs, options))
 
     @staticmethod
@@ -446,7 +447,9 @@ class AgentPlugin:
                 "background runs are off for this plugin (jobs=False, or in-memory stores "
                 "only): pass jobs=True to AgentPlugin to keep run records in database_url"
             )
-        return jobs_worker_settings(
+        from agent_plugin.jobs.worker import worker_settings
+
+        return worker_settings(
             self.start,
             self.load_settings(),
             options,

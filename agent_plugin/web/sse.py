@@ -12,10 +12,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
-from redis.exceptions import RedisError
 from starlette.responses import StreamingResponse
 
 from agent_plugin.cancellation import stop_task
@@ -39,10 +39,20 @@ def _frame(entry_id: str, event: Mapping[str, Any]) -> str:
     return f"id: {entry_id}\nevent: {kind}\ndata: {data}\n\n"
 
 
+def _unavailable(error: BaseException) -> bool:
+    """Whether ``error`` is an outage (Redis, the network, a timeout) rather than a bug. A
+    ``RedisError`` exists only once Redis's client is loaded, so runs that stay in the process
+    never import it."""
+    if isinstance(error, OSError | TimeoutError):
+        return True
+    exceptions = sys.modules.get("redis.exceptions")
+    return exceptions is not None and isinstance(error, exceptions.RedisError)
+
+
 def _error_frame(error: BaseException) -> str:
     if isinstance(error, AgentError):
         info = {"kind": error.kind.value, "message": redact_text(error.message)}
-    elif isinstance(error, RedisError | OSError | TimeoutError):
+    elif _unavailable(error):
         info = {"kind": ErrorKind.UNAVAILABLE.value, "message": redact_text(str(error))}
     else:
         info = {"kind": ErrorKind.INTERNAL.value, "message": describe(error)}
@@ -99,7 +109,7 @@ def sse_response(
                 async for entry_id, event in events:
                     await queue.put(_frame(entry_id, event))
             except Exception as error:
-                if not isinstance(error, AgentError | RedisError | OSError | TimeoutError):
+                if not isinstance(error, AgentError) and not _unavailable(error):
                     logger.exception("reading run events failed")
                 await queue.put(error)
             else:
