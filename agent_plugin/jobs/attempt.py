@@ -20,7 +20,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypeVar
 
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix
@@ -36,13 +36,14 @@ from agent_plugin.jobs.args import RunArgs
 from agent_plugin.jobs.progress import ProgressAtCheckpoints, ToolProgressWriter
 from agent_plugin.jobs.queue import RunQueue
 from agent_plugin.jobs.redis import SessionLock, ms, quietly
-from agent_plugin.journal import JournalEntry, Started, recover
+from agent_plugin.journal import JournalEntry, RunJournal, Started, recover
 from agent_plugin.live import ControlWatcher, RunEventStream
 from agent_plugin.logs import run_context
 from agent_plugin.options import EventSink, RunOptions
+from agent_plugin.outages import keep_trying
 from agent_plugin.outcomes import AgentOutcome, AwaitingApproval, RunState
 from agent_plugin.proactive import DEFAULT_DELIVERY_TIMEOUT, ReportSource, deliver_outcome
-from agent_plugin.records import RunRecord, RunStatus
+from agent_plugin.records import RunRecord, RunStatus, status_of
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.steering import Steering
 
@@ -57,6 +58,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("agent_plugin.jobs")
+
+T = TypeVar("T")
 
 _REPORTABLE: Final = frozenset({RunStatus.COMPLETE, RunStatus.AWAITING_APPROVAL})
 _MARKER_TTL: Final = 86_400
@@ -329,9 +332,7 @@ class Attempt:
         try:
             outcome = await self._drive(record, args)
             ended_at = self.progress.at_end(outcome) if self.progress is not None else None
-            record = await self.store.finish(
-                self.run_id, outcome, attempt=attempt, progress=ended_at
-            )
+            record = await self._finish(outcome, attempt, ended_at)
             await self._publish_end(self.held_end or RunEnded.of(self.run_id, outcome))
         except AgentError as error:
             return await self._failed(error, attempt)
@@ -410,7 +411,11 @@ class Attempt:
         """Record that ``error`` ended the run and publish its end; a run a later delivery
         took over is left to that one."""
         try:
-            await self.store.fail(self.run_id, error.info(), attempt=attempt)
+            await self._durably(
+                "recording how it failed",
+                lambda: self.store.fail(self.run_id, error.info(), attempt=attempt),
+                landed=lambda record: record.status is RunStatus.FAILED,
+            )
         except AgentError as refused:
             if refused.kind is not ErrorKind.CONFLICT:
                 raise
@@ -430,7 +435,7 @@ class Attempt:
             return RetryIn(self.options.lease)
 
     async def _record_failure(self, error: AgentError, attempt: int) -> Verdict:
-        if not await self._still_ours(attempt):
+        if not await self._persist("reading its record", lambda: self._still_ours(attempt)):
             return await self._superseded(error)
         try:
             return await self._record_own_failure(error, attempt)
@@ -440,12 +445,26 @@ class Attempt:
             return await self._superseded(refused)
 
     async def _record_own_failure(self, error: AgentError, attempt: int) -> Verdict:
+        if _out_of_reach(error) and not self.resume:
+            # the database (or Redis) stayed out of reach for a write the run could not keep
+            # trying: deliver it again a lease later, from its checkpoints, using up none of
+            # its attempts (max_deliveries bounds these)
+            lease = self.options.lease
+            await self._persist(
+                "queueing it again",
+                lambda: self.store.requeue(self.run_id, attempt=attempt, not_before=lease),
+            )
+            logger.warning("run %s: %s; delivered again in %g s", self.run_id, error, lease)
+            return RetryIn(lease)
         if error.retryable and not self.resume:  # a resume's approved calls may act: no retry
             retries = int(await self.redis.incr(self._retries_key))
             await self.redis.expire(self._retries_key, 86_400)
             if retries < self.options.max_attempts:
                 delay = self.options.backoff(retries, error.retry_after)
-                await self.store.requeue(self.run_id, attempt=attempt, not_before=delay)
+                await self._persist(
+                    "queueing its retry",
+                    lambda: self.store.requeue(self.run_id, attempt=attempt, not_before=delay),
+                )
                 logger.info(
                     "run %s: %s; attempt %d of %d in %.1f s",
                     self.run_id,
@@ -475,6 +494,60 @@ class Attempt:
             record is not None
             and record.status is RunStatus.IN_PROGRESS
             and record.attempt == attempt
+        )
+
+    # --- durable writes ---------------------------------------------------------------------
+
+    def _holds_run(self) -> bool:
+        """Whether this delivery still holds its run (no later delivery took it over)."""
+        return self.stage is Stage.RUNNING
+
+    async def _persist(self, what: str, write: Callable[[], Awaitable[T]]) -> T:
+        """``write`` through a database outage: tried again with backoff for as long as this
+        delivery holds its run (bounded by the job timeout around it), so what the run has
+        done (a finished tool call's result, its end) is kept, never given up for a later
+        delivery to do again. A delivery that was taken over stops trying at once."""
+        cap = max(0.1, min(self.options.lease / 3, 2.0))
+        return await keep_trying(
+            f"run {self.run_id}: {what}", write, go_on=self._holds_run, max_delay=cap, log=logger
+        )
+
+    async def _durably(
+        self,
+        what: str,
+        move: Callable[[], Awaitable[RunRecord]],
+        *,
+        landed: Callable[[RunRecord], bool],
+    ) -> RunRecord:
+        """:meth:`_persist` a move of the run's record that may have committed although it
+        failed (the connection broke after the commit): a try that is then refused finds the
+        record moved by this attempt as ``landed`` says, and counts it as done."""
+        unsure = False
+
+        async def attempt() -> RunRecord:
+            nonlocal unsure
+            try:
+                return await move()
+            except AgentError as error:
+                if _out_of_reach(error):
+                    unsure = True
+                elif unsure and error.kind is ErrorKind.CONFLICT:
+                    current = await self.store.get(self.run_id)
+                    if current is not None and current.attempt == self.attempt and landed(current):
+                        return current
+                raise
+
+        return await self._persist(what, attempt)
+
+    async def _finish(
+        self, outcome: AgentOutcome, attempt: int, progress: tuple[int, str] | None
+    ) -> RunRecord:
+        """Record how the run ended, through a database outage (see :meth:`_durably`)."""
+        status = status_of(outcome)
+        return await self._durably(
+            "recording how it ended",
+            lambda: self.store.finish(self.run_id, outcome, attempt=attempt, progress=progress),
+            landed=lambda record: record.status is status,
         )
 
     async def _renew_lease(self) -> None:
@@ -641,7 +714,14 @@ class Attempt:
         """Continue the run from wherever it is: a resume, a checkpoint, or the start."""
         store = self.store
         runtime = self.runtime
-        journal = store.journal(self.run_id, attempt=record.attempt, progress=self.progress)
+        first = record.attempt == 1  # never started before: no checkpoints, no pause
+        entries, last_seq = ([], 0) if first else await store.checkpoints(self.run_id)
+        journal = _KeptJournal(
+            store.journal(
+                self.run_id, attempt=record.attempt, progress=self.progress, after_seq=last_seq
+            ),
+            self._persist,
+        )
         options = RunOptions(
             run_id=self.run_id,
             cancel=live.cancel,
@@ -650,8 +730,6 @@ class Attempt:
             journal=journal,
         )
         sessions_store = runtime.session_store
-        first = record.attempt == 1  # never started before: no checkpoints, no pause
-        entries = [] if first else await store.journal_entries(self.run_id)
         pending = None if first else await store.pending_resume(self.run_id)
         if pending is not None and not _resume_began(entries, pending[0]):
             state, decisions = pending
@@ -673,6 +751,25 @@ class Attempt:
             options=options,
         )
         return turn.outcome
+
+
+class _KeptJournal:
+    """The run's journal, each checkpoint kept through a database outage: written again
+    (once: the journal knows its seqs) for as long as the delivery holds the run."""
+
+    def __init__(
+        self, journal: RunJournal, persist: Callable[[str, Callable[[], Awaitable[None]]], Any]
+    ) -> None:
+        self.journal = journal
+        self.persist = persist
+
+    async def record(self, entry: JournalEntry) -> None:
+        await self.persist(f"checkpoint {entry.kind}", lambda: self.journal.record(entry))
+
+
+def _out_of_reach(error: AgentError) -> bool:
+    """The database (or Redis) was out of reach: not the model provider's error."""
+    return error.kind is ErrorKind.UNAVAILABLE and error.provider is None
 
 
 def _decoded(run_id: str, stored: dict[str, object]) -> RunArgs:

@@ -648,7 +648,12 @@ class SqlRunStore:
     # --- step checkpoints ------------------------------------------------------------------
 
     def journal(
-        self, run_id: str, *, attempt: int | None = None, progress: ProgressRule | None = None
+        self,
+        run_id: str,
+        *,
+        attempt: int | None = None,
+        progress: ProgressRule | None = None,
+        after_seq: int | None = None,
     ) -> SqlRunJournal:
         """The run's checkpoint journal, to give a run in its ``RunOptions``.
 
@@ -657,11 +662,21 @@ class SqlRunStore:
         for dead and replaced cannot write into its successor's journal (``CONFLICT``).
         With ``progress``, a checkpoint for which the rule answers ``(pct, message)`` also
         updates the record's progress, in the same transaction (see :meth:`progress`).
+        With ``after_seq`` (the seq of the run's latest checkpoint, from :meth:`checkpoints`;
+        0 for a run that has none), a record tried again after an ``unavailable`` failure
+        that did commit is not written twice.
         """
-        return SqlRunJournal(self.database, run_id, attempt=attempt, progress=progress)
+        return SqlRunJournal(
+            self.database, run_id, attempt=attempt, progress=progress, after_seq=after_seq
+        )
 
     async def journal_entries(self, run_id: str) -> list[JournalEntry]:
         """The run's checkpoints in the order they were recorded (one query; ``[]`` if none)."""
+        entries, _ = await self.checkpoints(run_id)
+        return entries
+
+    async def checkpoints(self, run_id: str) -> tuple[list[JournalEntry], int]:
+        """The run's checkpoints in order, and the seq of the latest (0 if none): one query."""
         query = (
             sa.select(CHECKPOINTS.seq, CHECKPOINTS.kind, as_text(CHECKPOINTS.payload))
             .where(CHECKPOINTS.run_id == run_id)
@@ -669,7 +684,8 @@ class SqlRunStore:
         )
         async with self.database.read() as conn:
             rows = (await conn.execute(query)).all()
-        return [decode_entry(run_id, seq, kind, payload) for seq, kind, payload in rows]
+        entries = [decode_entry(run_id, seq, kind, payload) for seq, kind, payload in rows]
+        return entries, int(rows[-1][0]) if rows else 0
 
     async def clear_journal(self, run_id: str) -> None:
         """Delete the run's checkpoints once nothing will continue from them.
