@@ -307,12 +307,14 @@ class Attempt:
             await asyncio.shield(quietly(lock.release()))
 
     async def _session_free(self) -> bool:
-        """No other run of the session is in progress (one that crashed holding the session
-        must finish first: it continues from checkpoints made on the session as it was)."""
+        """It is this run's turn in its session, as the database says: no other run of the
+        session is in progress (one that crashed holding the session must finish first: it
+        continues from checkpoints made on the session as it was), and none enqueued before
+        it waits to run (for its retry too): runs of a session start in the order they were
+        enqueued, whatever Redis remembers."""
         if self.session is None:
             return True
-        activity = await self.store.session_activity(self.session, besides=self.run_id)
-        return not activity.in_progress
+        return await self.store.session_turn(self.session, self.run_id)
 
     async def _start_and_drive(self, args: RunArgs) -> Verdict:
         try:

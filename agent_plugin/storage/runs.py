@@ -52,6 +52,8 @@ from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
 from pydantic_core import PydanticSerializationError, to_jsonable_python
+from sqlalchemy import exc
+from sqlalchemy.orm import aliased
 
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import OutcomeSummary
@@ -105,6 +107,9 @@ T = TypeVar("T")
 _CANCELLABLE: Final = (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL)
 _CANCEL_TRIES: Final = 3
 _START_TRIES: Final = 3
+_PLACE_TRIES: Final = 5
+"""Tries to give a run the next place in its session's queue (two enqueued at once on
+PostgreSQL may compute the same one; the unique index refuses the second)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,24 +175,30 @@ class SqlRunStore:
         _check_text("memory_scope", memory_scope, _NAME_MAX)
         _check_text("job_id", job_id, _NAME_MAX)
         stored_args = _json_args(run_id, args)
-        now = utcnow()
-        async with self.database.write() as conn:
-            insert = insert_ignoring_duplicates(conn).values(
-                run_id=run_id,
-                status=RunStatus.QUEUED.value,
-                origin=origin,
-                session_id=session_id,
-                memory_scope=memory_scope,
-                progress_pct=0,
-                attempt=0,
-                version=0,
-                args=stored_args,
-                job_id=job_id or run_id,
-                lease_until=from_now(not_before) if not_before else None,
-                created_at=now,
-                updated_at=now,
-            )
-            return (await conn.execute(insert)).rowcount == 1
+        for _ in range(_PLACE_TRIES):
+            now = utcnow()
+            try:
+                async with self.database.write() as conn:
+                    insert = insert_ignoring_duplicates(conn).values(
+                        run_id=run_id,
+                        status=RunStatus.QUEUED.value,
+                        origin=origin,
+                        session_id=session_id,
+                        session_seq=next_in_session(session_id),
+                        memory_scope=memory_scope,
+                        progress_pct=0,
+                        attempt=0,
+                        version=0,
+                        args=stored_args,
+                        job_id=job_id or run_id,
+                        lease_until=from_now(not_before) if not_before else None,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                    return (await conn.execute(insert)).rowcount == 1
+            except exc.IntegrityError:  # a run of the session enqueued at the same moment
+                continue  # took the place: take the next one
+        raise _kept_changing(run_id, "enqueued")
 
     async def get(self, run_id: str) -> RunRecord | None:
         """The run's public record, or ``None`` if there is no such run."""
@@ -252,6 +263,38 @@ class SqlRunStore:
         last = records[-1] if records else None
         next_cursor = make_cursor(last.created_at, last.run_id) if more and last else None
         return RunPage(runs=records, next_cursor=next_cursor)
+
+    async def session_turn(self, session_id: str, run_id: str) -> bool:
+        """Whether it is ``run_id``'s turn in session ``session_id``: no other run of the
+        session is in progress, and none enqueued before it still waits to run: queued and due,
+        or waiting for its retry or its resume (a run booked for later that has never started
+        does not hold the turn until it is due). Runs of a session so start in the order they
+        were enqueued (their ``session_seq``), whatever Redis remembers."""
+        me = aliased(RUNS)
+        other = aliased(RUNS)
+        earlier = sa.and_(
+            other.status == RunStatus.QUEUED.value,
+            other.session_seq < me.session_seq,
+            sa.or_(
+                other.attempt > 0,
+                other.lease_until.is_(None),
+                other.lease_until <= database_now(),
+            ),
+        )
+        query = (
+            sa.select(other.run_id)
+            .select_from(me)
+            .join(other, other.session_id == me.session_id)
+            .where(
+                me.run_id == run_id,
+                me.session_id == session_id,
+                other.run_id != run_id,
+                sa.or_(other.status == RunStatus.IN_PROGRESS.value, earlier),
+            )
+            .limit(1)
+        )
+        async with self.database.read() as conn:
+            return (await conn.execute(query)).first() is None
 
     async def session_activity(
         self, session_id: str, *, besides: str | None = None
@@ -573,6 +616,7 @@ class SqlRunStore:
             raise decode_error(run_id, "state", "a paused run has no stored state")
         _check_decisions(run_id, state, decided)
         _check_text("job_id", job_id, _NAME_MAX)
+        session_id = await self._session_of(run_id)
         update = (
             sa.update(RUNS)
             .where(RUNS.run_id == run_id, RUNS.version == version)
@@ -583,13 +627,21 @@ class SqlRunStore:
                 outcome=sa.null(),
                 job_id=job_id,
                 lease_until=sa.null(),
+                session_seq=next_in_session(session_id),  # the resume queues behind the rest
                 updated_at=utcnow(),
             )
         )
-        async with self.database.write() as conn:
-            if (await conn.execute(update)).rowcount == 1:
-                return state
-            now_status = await read_status(conn, run_id)
+        for _ in range(_PLACE_TRIES):
+            try:
+                async with self.database.write() as conn:
+                    if (await conn.execute(update)).rowcount == 1:
+                        return state
+                    now_status = await read_status(conn, run_id)
+                break
+            except exc.IntegrityError:  # another run of the session took that place: again
+                continue
+        else:
+            raise _kept_changing(run_id, "resumed")
         if now_status is None:
             raise not_found(run_id)
         if now_status == RunStatus.AWAITING_APPROVAL.value:
@@ -599,6 +651,10 @@ class SqlRunStore:
                 "read it again and decide on the calls it awaits now",
             )
         raise not_paused(run_id, now_status)
+
+    async def _session_of(self, run_id: str) -> str | None:
+        async with self.database.read() as conn:
+            return await conn.scalar(sa.select(RUNS.session_id).where(RUNS.run_id == run_id))
 
     async def return_paused_state(self, run_id: str, outcome: OutcomeSummary | None) -> bool:
         """Undo :meth:`take_paused_state` when the resume could not be queued: the run awaits
@@ -806,6 +862,25 @@ class SqlRunStore:
         async with self.database.write() as conn:
             row = (await conn.execute(update)).one_or_none()
         return record_of(row._mapping) if row is not None else None
+
+
+def next_in_session(session_id: str | None) -> sa.ColumnElement[int] | None:
+    """The next place in the session's queue (``None`` for a run without a session)."""
+    if session_id is None:
+        return None
+    others = aliased(RUNS)
+    return (
+        sa.select(sa.func.coalesce(sa.func.max(others.session_seq), 0) + 1)
+        .where(others.session_id == session_id)
+        .scalar_subquery()
+    )
+
+
+def _kept_changing(run_id: str, action: str) -> AgentError:
+    return AgentError(
+        ErrorKind.CONFLICT,
+        f"run {run_id}: its session kept changing while it was {action}; try again",
+    )
 
 
 # --- checks --------------------------------------------------------------------------------
