@@ -540,18 +540,24 @@ class SqlRunStore:
         A run in progress is not cancelled here (its worker owns it) and a finished run stays
         as it ended: both ``CONFLICT``. The paused state and any accepted decisions are dropped.
         """
+        record, _ = await self.cancel_waiting(run_id, reason)
+        return record
+
+    async def cancel_waiting(self, run_id: str, reason: str) -> tuple[RunRecord, str | None]:
+        """:meth:`cancel`, answering also the arq job the run was queued under (its own, or
+        its resume's once decisions were accepted; ``None``: none), for the queue to drop."""
         for _ in range(_CANCEL_TRIES):
             async with self.database.read() as conn:
                 head = (
                     await conn.execute(
-                        sa.select(RUNS.status, RUNS.version, as_text(RUNS.outcome)).where(
-                            RUNS.run_id == run_id
-                        )
+                        sa.select(
+                            RUNS.status, RUNS.version, as_text(RUNS.outcome), RUNS.job_id
+                        ).where(RUNS.run_id == run_id)
                     )
                 ).one_or_none()
             if head is None:
                 raise not_found(run_id)
-            status, version, outcome_text = head
+            status, version, outcome_text, job_id = head
             if status not in _CANCELLABLE:
                 raise conflict_error(run_id, status, "cancel it")
             previous = decode_json(run_id, "outcome", outcome_text, SUMMARY)
@@ -576,7 +582,7 @@ class SqlRunStore:
                 updated_at=now,
             )
             if record is not None:
-                return record
+                return record, job_id
             # it moved between the read and the write (say, a decision was accepted): again
         raise AgentError(
             ErrorKind.CONFLICT, f"run {run_id} kept changing while being cancelled; try again"
