@@ -17,10 +17,11 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import Final, TypeAlias, TypeVar
 
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix
@@ -36,7 +37,7 @@ from agent_plugin.jobs.args import RunArgs
 from agent_plugin.jobs.progress import ProgressAtCheckpoints, ToolProgressWriter
 from agent_plugin.jobs.queue import RunQueue
 from agent_plugin.jobs.redis import SessionLock, ms, quietly
-from agent_plugin.journal import JournalEntry, RunJournal, Started, recover
+from agent_plugin.journal import JournalEntry, Started, recover
 from agent_plugin.live import ControlWatcher, RunEventStream
 from agent_plugin.logs import run_context
 from agent_plugin.options import EventSink, RunOptions
@@ -46,6 +47,7 @@ from agent_plugin.proactive import DEFAULT_DELIVERY_TIMEOUT, ReportSource, deliv
 from agent_plugin.records import RunRecord, RunStatus, status_of
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.steering import Steering
+from agent_plugin.storage.leased_journal import LeasedRunJournal
 
 __all__ = [
     "Attempt",
@@ -210,6 +212,8 @@ class Attempt:
         """The agent's own ``run_end``: published once the record says how the run ended."""
         self.progress: ProgressAtCheckpoints | None = None
         """How far the run is, as its record says (set once it is driven)."""
+        self.journal: LeasedRunJournal | None = None
+        """The run's journal (set once it is driven): its writes renew the lease too."""
 
     @property
     def lock_ttl(self) -> float:
@@ -231,12 +235,13 @@ class Attempt:
         async with Keeper(self.redis, self.job_id, self.options.lease, self._renew_lease) as keeper:
             try:
                 try:
-                    args = _decoded(self.run_id, await self.store.args(self.run_id))
+                    stored, started = await self._open()
                 except AgentError as error:
                     if error.kind is not ErrorKind.NOT_FOUND:
                         raise
                     logger.warning("job %s: there is no run %s", self.job_id, self.run_id)
                     return Done("unknown")
+                args = await self._args_of(stored, started)
                 self.session = args.overrides.session
                 lock = None
                 if self.session is not None:
@@ -245,7 +250,7 @@ class Attempt:
                         self.redis, self.session, self.run_id, prefix=prefix
                     )
                 with run_context(self.run_id, self.session):
-                    verdict = await self._within_timeout(args, lock)
+                    verdict = await self._within_timeout(args, lock, started)
             except (AgentError, RedisError, OSError, TimeoutError) as error:
                 if isinstance(error, AgentError) and not error.retryable:
                     await self.fail_unstarted(error)
@@ -257,7 +262,33 @@ class Attempt:
                 await self._report(args, verdict.ended)
             return verdict
 
-    async def _within_timeout(self, args: RunArgs, lock: SessionLock | None) -> Verdict:
+    async def _open(self) -> tuple[dict[str, object], RunRecord | None]:
+        """The run's stored arguments and, for a run of no session, its start, in one
+        transaction (a resume, or a run of a session, starts later: see
+        :meth:`_start_and_drive`)."""
+        if self.resume:
+            return await self.store.args(self.run_id), None
+        stored, started = await self.store.open_run(
+            self.run_id, job_id=self.job_id, lease=self.options.lease
+        )
+        if started is not None:
+            self.stage, self.attempt = Stage.RUNNING, started.attempt
+        return stored, started
+
+    async def _args_of(self, stored: dict[str, object], started: RunRecord | None) -> RunArgs:
+        """The run's arguments; a run started with arguments that do not decode goes back to
+        the queue first (see :meth:`fail_unstarted`)."""
+        try:
+            return _decoded(self.run_id, stored)
+        except AgentError:
+            if started is not None:
+                await quietly(self.store.requeue(self.run_id, attempt=started.attempt))
+                self.stage, self.attempt = Stage.WAITING, None
+            raise
+
+    async def _within_timeout(
+        self, args: RunArgs, lock: SessionLock | None, started: RunRecord | None
+    ) -> Verdict:
         timeout = self.queue.job_timeout
         limit = asyncio.timeout(timeout)
         waiting = lock is not None
@@ -268,7 +299,7 @@ class Attempt:
                     if lock is not None:
                         await lock.wait(self.lock_ttl, free=self._session_free)
                         waiting = False
-                    verdict = await self._start_and_drive(args)
+                    verdict = await self._start_and_drive(args, started)
             except TimeoutError:
                 if not limit.expired():
                     raise
@@ -285,6 +316,8 @@ class Attempt:
                 verdict = await self._fail(error, self.attempt)
             return verdict
         except asyncio.CancelledError:  # the worker is shutting down; arq runs the job again
+            if self.journal is not None:  # the results it has go first
+                await asyncio.shield(quietly(self.journal.close()))
             if self.attempt is not None:  # (a run it never started may be another's to run)
                 requeue = self.store.requeue(self.run_id, attempt=self.attempt)
                 await asyncio.shield(quietly(requeue))
@@ -316,9 +349,9 @@ class Attempt:
             return True
         return await self.store.session_turn(self.session, self.run_id)
 
-    async def _start_and_drive(self, args: RunArgs) -> Verdict:
+    async def _start_and_drive(self, args: RunArgs, started: RunRecord | None) -> Verdict:
         try:
-            record = await self.store.start(
+            record = started or await self.store.start(
                 self.run_id, job_id=self.job_id, lease=self.options.lease, resume=self.resume
             )
         except AgentError as error:  # a duplicate delivery of a run that moved on
@@ -333,6 +366,8 @@ class Attempt:
             return await self._give_up(attempt)
         try:
             outcome = await self._drive(record, args)
+            if self.journal is not None:
+                await self.journal.close()
             ended_at = self.progress.at_end(outcome) if self.progress is not None else None
             record = await self._finish(outcome, attempt, ended_at)
             await self._publish_end(self.held_end or RunEnded.of(self.run_id, outcome))
@@ -559,6 +594,9 @@ class Attempt:
         attempt, live = self.attempt, self.live
         if attempt is None or self.stage is not Stage.RUNNING:
             return
+        journal = self.journal
+        if journal is not None and time.monotonic() - journal.renewed_at < self.options.lease / 3:
+            return  # a checkpoint renewed it just now
         if await self.store.renew_lease(self.run_id, attempt=attempt, lease=self.options.lease):
             return
         current = await self.store.get(self.run_id)
@@ -718,11 +756,13 @@ class Attempt:
         runtime = self.runtime
         first = record.attempt == 1  # never started before: no checkpoints, no pause
         entries, last_seq = ([], 0) if first else await store.checkpoints(self.run_id)
-        journal = _KeptJournal(
-            store.journal(
-                self.run_id, attempt=record.attempt, progress=self.progress, after_seq=last_seq
-            ),
-            self._persist,
+        journal = self.journal = store.run_journal(
+            self.run_id,
+            attempt=record.attempt,
+            after_seq=last_seq,
+            lease=self.options.lease,
+            progress=self.progress,
+            persist=self._persist,
         )
         options = RunOptions(
             run_id=self.run_id,
@@ -753,20 +793,6 @@ class Attempt:
             options=options,
         )
         return turn.outcome
-
-
-class _KeptJournal:
-    """The run's journal, each checkpoint kept through a database outage: written again
-    (once: the journal knows its seqs) for as long as the delivery holds the run."""
-
-    def __init__(
-        self, journal: RunJournal, persist: Callable[[str, Callable[[], Awaitable[None]]], Any]
-    ) -> None:
-        self.journal = journal
-        self.persist = persist
-
-    async def record(self, entry: JournalEntry) -> None:
-        await self.persist(f"checkpoint {entry.kind}", lambda: self.journal.record(entry))
 
 
 def _out_of_reach(error: AgentError) -> bool:

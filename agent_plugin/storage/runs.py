@@ -63,6 +63,7 @@ from agent_plugin.outcomes import AgentOutcome, ApprovalDecision, AwaitingApprov
 from agent_plugin.records import RunPage, RunRecord, RunStatus, status_of
 from agent_plugin.storage.checkpoints import ProgressRule, SqlRunJournal, decode_entry
 from agent_plugin.storage.database import Database
+from agent_plugin.storage.leased_journal import LeasedRunJournal, Persist
 from agent_plugin.storage.models import utcnow
 from agent_plugin.storage.run_sql import (
     ARGS,
@@ -358,6 +359,31 @@ class SqlRunStore:
         raise AgentError(
             ErrorKind.CONFLICT, f"run {run_id} kept changing while being started; try again"
         )
+
+    async def open_run(
+        self, run_id: str, *, job_id: str | None = None, lease: float | None = None
+    ) -> tuple[dict[str, Any], RunRecord | None]:
+        """What a delivery does first, in one transaction: read the run's stored arguments
+        (as :meth:`args`) and, for a run of no session that is not a resume's, start it (as
+        :meth:`start`). The record is ``None`` when the run was not started: it has a session
+        (start it when its turn comes) or decisions, or the start was refused (:meth:`start`
+        says why)."""
+        async with self.database.write() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(as_text(RUNS.args), RUNS.session_id).where(RUNS.run_id == run_id)
+                )
+            ).one_or_none()
+            if row is None:
+                raise not_found(run_id)
+            args = decode_json(run_id, "args", row[0], ARGS)
+            if args is None:
+                raise decode_error(run_id, "args", "the run has no stored arguments")
+            if row[1] is not None:
+                return args, None
+            values = {"run": run_id, "now": utcnow(), "job": job_id, "lease": lease or 0.0}
+            started = (await conn.execute(STARTS[job_id is not None, True], values)).one_or_none()
+        return args, record_of(started._mapping) if started is not None else None
 
     async def renew_lease(self, run_id: str, *, attempt: int, lease: float) -> bool:
         """Extend the lease of the delivery that started ``attempt`` to ``lease`` seconds from
@@ -730,6 +756,33 @@ class SqlRunStore:
         """
         return SqlRunJournal(
             self.database, run_id, attempt=attempt, progress=progress, after_seq=after_seq
+        )
+
+    def run_journal(
+        self,
+        run_id: str,
+        *,
+        attempt: int,
+        after_seq: int,
+        lease: float,
+        progress: ProgressRule | None = None,
+        persist: Persist | None = None,
+    ) -> LeasedRunJournal:
+        """The journal of the delivery that started ``attempt`` of the run: its checkpoints in
+        as few transactions as keep them safe, each renewing its lease by ``lease`` seconds
+        and writing the progress ``progress`` gives (see
+        :mod:`agent_plugin.storage.leased_journal`). ``after_seq``: the seq of the run's
+        latest checkpoint (:meth:`checkpoints`; 0 for a run never started before);
+        ``persist`` makes each write (a worker's tries it through a database outage). Call
+        its ``close()`` before recording the run's end."""
+        return LeasedRunJournal(
+            self.database,
+            run_id,
+            attempt=attempt,
+            after_seq=after_seq,
+            lease=lease,
+            progress=progress,
+            persist=persist,
         )
 
     async def journal_entries(self, run_id: str) -> list[JournalEntry]:
