@@ -1003,10 +1003,11 @@ async def transaction_costs(backends: list[str], repeats: int) -> dict[str, Any]
     return results
 
 
-MIN_WRITES: Final = 5
+MIN_WRITES: Final = 4
 """Durable writes a 1-round run cannot do without: its start (which claims the attempt), the
-reply that asks for the tool, the tool's result, the final reply (each durable before the run
-goes on, so a re-delivered run never repeats a model call or a tool call) and its outcome."""
+reply that asks for the tool (durable before the tool runs), the tool's result with the round
+(durable before the next model call, so a re-delivered run never repeats a tool call) and its
+outcome (with the final reply)."""
 
 
 async def floor(report: dict[str, Any], jobs: int) -> list[dict[str, Any]]:
@@ -1242,9 +1243,10 @@ def render(report: dict[str, Any]) -> str:
         "starts at most max_jobs long jobs per poll (20 runs/s), but up to 100 no-op jobs; the "
         "10 ms poll compares costs. *arq durable*: an arq job on the no-op job's worker "
         "settings that makes only a 1-round run's durable writes, through the library's own "
-        "`SqlRunStore` (the record created at enqueue; in the job `args`, `start`, the run's 5 "
-        "journal checkpoints with the worker's progress rule, `finish`) on the same database, "
-        "interleaved with the others.",
+        "`SqlRunStore` (the record created at enqueue; in the job `open_run`, the arguments "
+        "read with the start; the run's journal checkpoints through `run_journal` with the "
+        "worker's progress rule, the reply with the start and the tool result with the round; "
+        "`finish`: 4 transactions) on the same database, interleaved with the others.",
         "",
         "Ratio to arq no-op is the target (≥ 0.7, see Targets); ratio to arq durable (same "
         "backend) is how much of a run's cost is the harness beyond its durable writes (1.0: "
@@ -1341,7 +1343,7 @@ def render(report: dict[str, Any]) -> str:
             f"The floor (fast poll): a worker of short runs is CPU-bound, so runs/s = 1000 / CPU "
             f"ms per run. A 1-round run costs at least arq's cost of a no-op job, the agent "
             f"loop (the checkpoint table's `none` row) and {MIN_WRITES} durable writes (start, "
-            f"the reply with the tool call, the tool result, the final reply, the outcome) at "
+            f"the reply with the tool call, the tool result with the round, the outcome) at "
             f"the cheapest write measured (one small `INSERT`); the ratio at that floor is the "
             f"best a run could reach through this stack, and the last column drops the writes "
             f"too. Both are generous: arq's own cost per job grows when jobs hold their slots "
