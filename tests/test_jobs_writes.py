@@ -13,15 +13,21 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from arq.worker import Retry
 from sqlalchemy import event
 
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.ids import new_run_id
 from agent_plugin.jobs import agent_run
+from agent_plugin.journal import Appended
+from agent_plugin.messages import ChatMessage
+from agent_plugin.outages import keep_trying
 from agent_plugin.records import RunStatus
 from agent_plugin.storage import Database
+from agent_plugin.storage.leased_journal import LeasedRunJournal
 from tests.jobs_app import LOG_ENV, JobsEnv, clean_redis, in_process, jobs_env, make_plugin
 from tests.test_jobs_outages import postgres  # noqa: F401  (a fixture)
 
@@ -107,3 +113,44 @@ async def test_each_more_round_costs_two_transactions(env: JobsEnv) -> None:
         env, [[["effect", "a"]], [["effect", "b"], ["effect", "c"]], [["effect", "d"]]]
     )
     assert three.transactions == one.transactions + 2 * 2, "\n".join(three.log)
+
+
+class CommitsThenBreaks:
+    """A database whose first write commits and then fails as ``unavailable``: what a
+    connection that breaks after the commit looks like to the writer."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self.breaks = 1
+
+    @contextlib.asynccontextmanager
+    async def write(self) -> AsyncIterator[Any]:
+        async with self.database.write() as conn:
+            yield conn
+        if self.breaks:
+            self.breaks -= 1
+            raise AgentError(ErrorKind.UNAVAILABLE, "the connection broke after the commit")
+
+
+async def test_a_write_tried_again_after_a_commit_it_did_not_hear_of_is_written_once(
+    env: JobsEnv,
+) -> None:
+    async with delivering(env) as here:
+        store = here.jobs.store
+        run_id = new_run_id()
+        await store.create(run_id, origin="request", args={})
+        record = await store.start(run_id, lease=30)
+        journal = LeasedRunJournal(
+            cast(Database, CommitsThenBreaks(store.database)),
+            run_id,
+            attempt=record.attempt,
+            after_seq=0,
+            lease=30,
+            persist=lambda what, write: keep_trying(what, write, first_delay=0.01),
+        )
+        first = Appended(messages=[ChatMessage.user("once")])
+        second = Appended(messages=[ChatMessage.user("twice?")])
+        await journal.record(first)  # committed, then "failed", then tried again
+        await journal.record(second)
+        assert await store.journal_entries(run_id) == [first, second]
+        assert journal.transactions == 2
