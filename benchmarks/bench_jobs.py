@@ -1062,10 +1062,10 @@ async def floor(report: dict[str, Any], jobs: int) -> list[dict[str, Any]]:
 
 
 def _wrap_components(breakdown: Breakdown) -> None:
-    for name in ("args", "start", "finish", "get", "journal_entries", "pending_resume"):
+    for name in ("open_run", "args", "start", "finish", "get", "checkpoints", "pending_resume"):
         breakdown.wrap(SqlRunStore, name, f"store.{name}")
     breakdown.wrap(LeasedRunJournal, "record", "checkpoint (journal.record, lease, progress)")
-    breakdown.wrap(Agent, "run_turn", "Agent.run_turn (includes checkpoints, model calls)")
+    breakdown.wrap(Agent, "run", "Agent.run (includes checkpoints, model calls)")
     breakdown.wrap(ScriptedModel, "chat", "model calls (scripted)")
     breakdown.wrap(aioredis.Redis, "execute_command", "redis commands (outside pipelines)")
     breakdown.wrap(Pipeline, "execute", "redis pipelines (arq, event streams, control)")
