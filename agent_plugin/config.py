@@ -96,7 +96,14 @@ _KEYED_HOSTS: Final = frozenset({"api.openai.com", "api.anthropic.com"})
 
 _SECRET_URL_FIELDS: Final = ("base_url", "redis_url", "database_url")
 _INT_FIELDS: Final = frozenset(
-    {"request_timeout_secs", "max_steps", "max_tokens", "max_run_secs", "max_request_bytes"}
+    {
+        "request_timeout_secs",
+        "max_steps",
+        "max_tokens",
+        "max_run_secs",
+        "max_request_bytes",
+        "startup_wait_secs",
+    }
 )
 _BOOL_FIELDS: Final = frozenset({"prompt_caching"})
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
@@ -117,6 +124,7 @@ _ACCEPTED: Final[dict[str, str]] = {
     "system_prompt": "text",
     "prompt_caching": "true or false",
     "max_run_secs": "a whole number from 1 to 86400, or unset for no limit",
+    "startup_wait_secs": "a whole number from 0 to 3600",
     "redis_url": "a redis://, rediss:// or unix:// URL",
     "database_url": "an SQLAlchemy URL such as sqlite+aiosqlite:///./agent.db",
     "route_prefix": "a path that starts with '/' and does not end with '/', such as /agent",
@@ -234,6 +242,13 @@ class AgentSettings(BaseSettings):
     max_run_secs: int | None = Field(default=None, ge=1, le=86400, description="Wall clock.")
     max_cost_usd: float | None = Field(
         default=None, gt=0, description="USD per run; every call must be priced (prices)."
+    )
+    startup_wait_secs: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="How long an app or worker starting up waits for its database (and a "
+        "worker for Redis) before it exits with an error.",
     )
     redis_url: str = "redis://127.0.0.1:6379/0"
     database_url: str = "sqlite+aiosqlite:///./agent.db"

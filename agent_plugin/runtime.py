@@ -28,6 +28,7 @@ from agent_plugin.hooks import AgentHooks
 from agent_plugin.ids import DEFAULT_SCOPE
 from agent_plugin.memory import MemoryStore
 from agent_plugin.options import DEFAULT_OVERRIDES, AgentOverrides
+from agent_plugin.outages import waiting_for_services
 from agent_plugin.output import Output, OutputType
 from agent_plugin.policy import AllowAll, Strictest, ToolPolicy, ToolRules
 from agent_plugin.pricing import ModelPrice, Prices
@@ -440,7 +441,12 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
     try:
         if spec.needs_database:
             database = _database_for(spec, settings)
-            await _prepare(database, spec.auto_migrate)
+            prepared = database
+            await waiting_for_services(
+                f"opening the database {database.display_url}",
+                lambda: _prepare(prepared, spec.auto_migrate),
+                settings.startup_wait_secs,
+            )
         session_store, memory_store = _stores_for(spec, database)
         runs = None
         if spec.run_records and database is not None:

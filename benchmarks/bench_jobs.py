@@ -25,12 +25,14 @@ Three measurements, on the real Redis (``AGENT_BENCH_REDIS_URL``, default
    **arq durable** (per backend, interleaved with (1) and (2), timed the same way, on a worker
    with the no-op job's settings): an arq job that makes the durable writes of a 1-round run
    and nothing else, through the library's own statements: ``SqlRunStore.create`` at enqueue
-   time (outside the timed window, as for (2)); in the job ``SqlRunStore.args`` (the
-   arguments ``SELECT``), ``start``, the run's five checkpoints through
-   ``SqlRunStore.journal`` with the worker's progress rule (the entries a real 1-round run of
-   the same agent journaled, captured in process beforehand) and ``finish``: the SQL and the
-   transactions per job that (2) reports, without the agent loop, the model, the session
-   lock, the event stream or the lease keeper. Runs/s is also reported as a ratio to it: the
+   time (outside the timed window, as for (2)); in the job ``SqlRunStore.open_run`` (the
+   arguments ``SELECT`` and the start, one transaction), the run's checkpoints through
+   ``SqlRunStore.run_journal`` with the worker's progress rule (the entries a real 1-round
+   run of the same agent journaled, captured in process beforehand: written as the worker
+   writes them, the reply with the start and the tool result with the round) and
+   ``finish``: the SQL and the transactions per job that (2) reports (4 transactions, 7
+   statements), without the agent loop, the model, the session lock, the event stream or the
+   lease keeper. Runs/s is also reported as a ratio to it: the
    ratio to (1) stays the target; the ratio to this says how much of a run's cost is the
    harness beyond its durable writes.
 3. **checkpoints**: ``Agent.run_turn`` in process over 1- and 10-step runs, without a journal,
@@ -97,7 +99,7 @@ from agent_plugin.providers.scripted import Reply, ScriptedModel, tool_call
 from agent_plugin.records import RunStatus
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.storage import Database, SqlRunStore
-from agent_plugin.storage.runs import SqlRunJournal
+from agent_plugin.storage.leased_journal import LeasedRunJournal
 from agent_plugin.tools import FnTool
 from agent_plugin.web import AgentPlugin
 
@@ -653,19 +655,25 @@ async def capture_run_writes(runtime: AgentRuntime, lease: float) -> RunWrites:
 async def durable_job(ctx: dict[str, Any], run_id: str) -> None:
     """The arq job of the durable baseline: the statements a 1-round ``agent_run`` makes, in
     its order and transactions, through the library's own store and journal: the stored
-    arguments (``SELECT``), the start (``UPDATE ... RETURNING``), five checkpoints (one
-    ``INSERT`` each, the progress ``UPDATE`` with ``started`` and ``round_done``: the
-    worker's rule) and the finish (``UPDATE ... RETURNING``)."""
+    arguments read and the start in one transaction (``SqlRunStore.open_run``), the run's
+    checkpoints through the delivery's journal (``SqlRunStore.run_journal``: the reply with
+    the start, the tool result with the round, each with the lease and progress ``UPDATE``)
+    and the finish (``UPDATE ... RETURNING``)."""
     store: SqlRunStore = ctx[_STORE_KEY]
     writes: RunWrites = ctx[_WRITES_KEY]
-    await store.args(run_id)
-    record = await store.start(run_id, job_id=ctx["job_id"], lease=writes.lease)
-    journal = store.journal(
-        run_id, attempt=record.attempt, progress=ProgressAtCheckpoints(writes.max_steps)
+    _, record = await store.open_run(run_id, job_id=ctx["job_id"], lease=writes.lease)
+    if record is None:
+        raise RuntimeError(f"durable bench: run {run_id} did not start")
+    rule = ProgressAtCheckpoints(writes.max_steps)
+    journal = store.run_journal(
+        run_id, attempt=record.attempt, after_seq=0, lease=writes.lease, progress=rule
     )
     for entry in writes.entries_of(run_id):
         await journal.record(entry)
-    await store.finish(run_id, writes.outcome, attempt=record.attempt)
+    await journal.close()
+    await store.finish(
+        run_id, writes.outcome, attempt=record.attempt, progress=rule.at_end(writes.outcome)
+    )
 
 
 async def arq_durable(backend: str, jobs: int, *, max_jobs: int, poll_delay: float) -> Throughput:
@@ -995,10 +1003,11 @@ async def transaction_costs(backends: list[str], repeats: int) -> dict[str, Any]
     return results
 
 
-MIN_WRITES: Final = 5
+MIN_WRITES: Final = 4
 """Durable writes a 1-round run cannot do without: its start (which claims the attempt), the
-reply that asks for the tool, the tool's result, the final reply (each durable before the run
-goes on, so a re-delivered run never repeats a model call or a tool call) and its outcome."""
+reply that asks for the tool (durable before the tool runs), the tool's result with the round
+(durable before the next model call, so a re-delivered run never repeats a tool call) and its
+outcome (with the final reply)."""
 
 
 async def floor(report: dict[str, Any], jobs: int) -> list[dict[str, Any]]:
@@ -1053,10 +1062,10 @@ async def floor(report: dict[str, Any], jobs: int) -> list[dict[str, Any]]:
 
 
 def _wrap_components(breakdown: Breakdown) -> None:
-    for name in ("args", "start", "finish", "get", "journal_entries", "pending_resume"):
+    for name in ("open_run", "args", "start", "finish", "get", "checkpoints", "pending_resume"):
         breakdown.wrap(SqlRunStore, name, f"store.{name}")
-    breakdown.wrap(SqlRunJournal, "record", "checkpoint (journal.record, with its progress)")
-    breakdown.wrap(Agent, "run_turn", "Agent.run_turn (includes checkpoints, model calls)")
+    breakdown.wrap(LeasedRunJournal, "record", "checkpoint (journal.record, lease, progress)")
+    breakdown.wrap(Agent, "run", "Agent.run (includes checkpoints, model calls)")
     breakdown.wrap(ScriptedModel, "chat", "model calls (scripted)")
     breakdown.wrap(aioredis.Redis, "execute_command", "redis commands (outside pipelines)")
     breakdown.wrap(Pipeline, "execute", "redis pipelines (arq, event streams, control)")
@@ -1234,9 +1243,10 @@ def render(report: dict[str, Any]) -> str:
         "starts at most max_jobs long jobs per poll (20 runs/s), but up to 100 no-op jobs; the "
         "10 ms poll compares costs. *arq durable*: an arq job on the no-op job's worker "
         "settings that makes only a 1-round run's durable writes, through the library's own "
-        "`SqlRunStore` (the record created at enqueue; in the job `args`, `start`, the run's 5 "
-        "journal checkpoints with the worker's progress rule, `finish`) on the same database, "
-        "interleaved with the others.",
+        "`SqlRunStore` (the record created at enqueue; in the job `open_run`, the arguments "
+        "read with the start; the run's journal checkpoints through `run_journal` with the "
+        "worker's progress rule, the reply with the start and the tool result with the round; "
+        "`finish`: 4 transactions) on the same database, interleaved with the others.",
         "",
         "Ratio to arq no-op is the target (≥ 0.7, see Targets); ratio to arq durable (same "
         "backend) is how much of a run's cost is the harness beyond its durable writes (1.0: "
@@ -1333,7 +1343,7 @@ def render(report: dict[str, Any]) -> str:
             f"The floor (fast poll): a worker of short runs is CPU-bound, so runs/s = 1000 / CPU "
             f"ms per run. A 1-round run costs at least arq's cost of a no-op job, the agent "
             f"loop (the checkpoint table's `none` row) and {MIN_WRITES} durable writes (start, "
-            f"the reply with the tool call, the tool result, the final reply, the outcome) at "
+            f"the reply with the tool call, the tool result with the round, the outcome) at "
             f"the cheapest write measured (one small `INSERT`); the ratio at that floor is the "
             f"best a run could reach through this stack, and the last column drops the writes "
             f"too. Both are generous: arq's own cost per job grows when jobs hold their slots "

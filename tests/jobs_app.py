@@ -265,7 +265,7 @@ def options_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> 
         "keep_result": float(env.get("JOBS_TEST_KEEP_RESULT", "1")),
         "job_timeout": float(env.get("JOBS_TEST_JOB_TIMEOUT", "60")),
         "max_deliveries": int(env.get("JOBS_TEST_MAX_DELIVERIES", "20")),
-        "retry_backoff": 0.2,
+        "retry_backoff": float(env.get("JOBS_TEST_RETRY_BACKOFF", "0.2")),
         "poll_delay": 0.05,
         "max_jobs": int(env.get("JOBS_TEST_MAX_JOBS", "10")),
         "reconcile_every": float(env.get("JOBS_TEST_RECONCILE_EVERY", "60")),
@@ -492,12 +492,19 @@ class JobsEnv:
         return read_reports(self.reports)
 
 
-def jobs_env(directory: Path, *, redis_url: str = REDIS_URL, **knobs: str) -> JobsEnv:
-    """A fresh environment in ``directory``: config file, SQLite database, unique queue."""
+def jobs_env(
+    directory: Path,
+    *,
+    redis_url: str = REDIS_URL,
+    database_url: str | None = None,
+    **knobs: str,
+) -> JobsEnv:
+    """A fresh environment in ``directory``: config file, database (a SQLite file unless
+    ``database_url`` names another, migrated here), unique queue."""
     token = uuid.uuid4().hex[:12]
     config = directory / "agent.toml"
     config.write_text('[agent]\nprovider = "scripted"\nmax_steps = 8\n', encoding="utf-8")
-    database_url = f"sqlite+aiosqlite:///{directory / 'runs.db'}"
+    database_url = database_url or f"sqlite+aiosqlite:///{directory / 'runs.db'}"
     log_file = directory / "events.log"
     reports = directory / "reports.jsonl"
     environ = {
@@ -646,7 +653,10 @@ def clean_redis(env: JobsEnv) -> None:
 
 
 def run_ids(env: JobsEnv) -> list[str]:
-    """Every run id recorded in the environment's database."""
+    """Every run id recorded in the environment's database (a SQLite file; none for another
+    database, whose runs' arq keys expire on their own)."""
+    if not env.database_url.startswith("sqlite+aiosqlite:///"):
+        return []
     path = env.database_url.removeprefix("sqlite+aiosqlite:///")
     with contextlib.closing(sqlite3.connect(path)) as connection:
         return [row[0] for row in connection.execute("SELECT run_id FROM agent_runs")]

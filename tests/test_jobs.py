@@ -44,7 +44,7 @@ from agent_plugin.jobs import (
 )
 from agent_plugin.jobs.args import checked_run_id
 from agent_plugin.jobs.attempt import Keeper
-from agent_plugin.jobs.redis import loads
+from agent_plugin.jobs.redis import OutageRetry, loads
 from agent_plugin.jobs.upkeep import Upkeep
 from agent_plugin.live import stream_key
 from agent_plugin.messages import Role
@@ -748,7 +748,9 @@ def test_worker_settings_build_an_arq_worker_from_the_plugin(env: JobsEnv) -> No
     assert names == [AGENT_RUN, AGENT_RESUME]
     assert settings.queue_name == env.queue
     assert settings.redis_settings.host == "127.0.0.1"
-    assert settings.redis_settings.port == 6379
+    assert settings.redis_settings.port == int(env.redis_url.rsplit(":", 1)[1].split("/")[0])
+    # its Redis commands ride out an outage of any length once it has started
+    assert isinstance(settings.redis_settings.retry, OutageRetry)
     assert settings.keep_result == 1.0
     assert settings.max_jobs == 3
     assert callable(settings.on_startup)

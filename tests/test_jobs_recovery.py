@@ -333,3 +333,29 @@ async def test_a_delivery_stopped_before_it_started_leaves_the_run_alone(env: Jo
             await waiting
         record = await h.jobs.get(run_id)
         assert (record.status, record.attempt) == (RunStatus.IN_PROGRESS, 1)  # not requeued
+
+
+# --- cancelling -------------------------------------------------------------------------------
+
+
+async def test_cancelling_a_run_whose_resume_is_queued_takes_the_resume_job_off_the_queue(
+    env: JobsEnv,
+) -> None:
+    """Decisions queue the resume under a job of its own (``<run id>:resume:<id>``); a cancel
+    before a worker takes it removes that job, not only the run's own, so nothing is left to
+    deliver [HV-01]."""
+    async with here(env) as h:
+        handle = await h.agent.enqueue(prompt("cr", [["send", "x"]]))
+        run_id = handle.run_id
+        with contextlib.suppress(Retry):
+            await agent_run(h.job_ctx(run_id), run_id)
+        record = await h.jobs.get(run_id)
+        assert record.status is RunStatus.AWAITING_APPROVAL
+        await h.jobs.enqueue_resume(run_id, [])
+        queued = [m.decode() for m in await h.redis.zrange(env.queue, 0, -1)]
+        resume_jobs = [job for job in queued if job.startswith(f"{run_id}:resume:")]
+        assert len(resume_jobs) == 1
+        cancelled = await h.jobs.cancel(run_id, "not needed")
+        assert cancelled.status is RunStatus.CANCELLED
+        assert await h.redis.zrange(env.queue, 0, -1) == []
+        assert not await h.redis.exists(f"arq:job:{resume_jobs[0]}")

@@ -559,6 +559,17 @@ async def test_a_paused_runs_missing_end_ends_a_reader_and_a_follower_waits_on(
     assert seen[-1]["data"]["summary"]["status"] == "cancelled"
 
 
+async def reading(redis: Any, within: float = 15.0) -> None:
+    """Until an event reader of the app blocks in ``XREAD``."""
+    deadline = time.monotonic() + within
+    while not any(
+        c.get("name") == queue_module.READER_CLIENT_NAME and c.get("cmd") == "xread"
+        for c in await redis.client_list()
+    ):
+        assert time.monotonic() < deadline, "no reader came to wait on the stream"
+        await asyncio.sleep(0.02)
+
+
 async def test_a_reader_of_a_run_whose_record_went_gets_an_end(quick: httpx.AsyncClient) -> None:
     jobs = HANDLES[id(quick)].jobs
     run_id = f"run_{uuid.uuid4().hex}"
@@ -566,7 +577,7 @@ async def test_a_reader_of_a_run_whose_record_went_gets_an_end(quick: httpx.Asyn
     redis = await jobs.redis()
     await redis.xadd(live.stream_key(run_id, jobs.options.live_prefix), {"type": "x", "data": "{}"})
     reader = asyncio.create_task(events(quick, run_id))
-    await asyncio.sleep(0.3)
+    await reading(redis)  # the reader found the record and waits on the stream
     assert await jobs.store.discard(run_id)  # the enqueue that recorded it gave up
     status, seen = await asyncio.wait_for(reader, 10)
     assert status == 200

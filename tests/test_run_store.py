@@ -144,10 +144,12 @@ def sending_agent(model: ScriptedModel, sent: list[Any]) -> Agent:
     return Agent(model, tools=tools, policy=ToolRules({"send": ASK}))
 
 
-async def paused_run(store: SqlRunStore, *, calls: int = 2) -> tuple[str, AwaitingApproval]:
-    """A run recorded as awaiting approval of ``calls`` sends (ids s0, s1, ...)."""
+async def paused_run(
+    store: SqlRunStore, *, calls: int = 2, session: str | None = None
+) -> tuple[str, AwaitingApproval]:
+    """A run (of ``session``) recorded as awaiting approval of ``calls`` sends (ids s0, ...)."""
     run_id = new_run_id()
-    await store.create(run_id, origin="request", args={"prompt": "send"})
+    await store.create(run_id, origin="request", args={"prompt": "send"}, session_id=session)
     await store.start(run_id)
     script: list[Any] = [
         [tool_call("send", {"to": f"p{i}", "password": SECRET}, id=f"s{i}") for i in range(calls)],
@@ -1051,7 +1053,7 @@ async def test_runs_recorded_before_0002_survive_the_upgrade(at_0001: Database) 
             )
         )
     await database.migrate()
-    assert await database.current_revision() == "0005"
+    assert await database.current_revision() == "0006"
     store = SqlRunStore(database)
     record = await store.get("old")
     assert record is not None
@@ -1445,3 +1447,57 @@ async def test_runs_are_listed_newest_first_a_page_at_a_time(database: Database)
         await refused(store.list_runs(cursor=bad), ErrorKind.INVALID)
     for limit in (0, 201):
         await refused(store.list_runs(limit=limit), ErrorKind.INVALID)
+
+
+# --- session turns ---------------------------------------------------------------------------
+
+
+async def test_runs_of_a_session_take_their_turns_in_the_order_they_were_enqueued(
+    database: Database,
+) -> None:
+    """The database says whose turn it is: a run waiting for its retry keeps it, a run booked
+    for later holds it only once due, and a resume queues behind the runs enqueued before its
+    decisions [HV-01]."""
+    store = SqlRunStore(database)
+    session = f"turns-{uuid.uuid4().hex[:8]}"
+    a, b, c, later = (new_run_id() for _ in range(4))
+    for run_id in (a, b):
+        await store.create(run_id, origin="request", args={}, session_id=session)
+    await store.create(later, origin="request", args={}, session_id=session, not_before=3600)
+    await store.create(c, origin="request", args={}, session_id=session)
+    assert [await store.session_turn(session, r) for r in (a, b, later, c)] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+    started = await store.start(a, job_id=a, lease=30)
+    assert not await store.session_turn(session, b)  # in progress
+    # a's retry waits out its backoff: still a's turn, not b's
+    await store.requeue(a, attempt=started.attempt, not_before=0.3)
+    assert await store.session_turn(session, a)
+    assert not await store.session_turn(session, b)
+    await asyncio.sleep(0.4)  # (due or not, a holds its turn until it ends)
+    assert not await store.session_turn(session, b)
+    await store.start(a, job_id=a, lease=30)
+    await store.finish(a, Completed(text="a", steps_used=1, usage=TokenUsage()))
+    # b next; the run booked for an hour from now holds nothing back
+    assert [await store.session_turn(session, r) for r in (b, c)] == [True, False]
+    await store.fail(b, ErrorInfo(kind=ErrorKind.INTERNAL, message="x"))
+    assert await store.session_turn(session, c)
+    # a run without a session, or of another session, is never held back
+    loner = new_run_id()
+    await store.create(loner, origin="request", args={})
+    assert await store.session_turn(session, loner)
+
+
+async def test_a_resume_takes_a_new_place_in_its_sessions_queue(database: Database) -> None:
+    store = SqlRunStore(database)
+    session = f"resume-{uuid.uuid4().hex[:8]}"
+    paused, _ = await paused_run(store, calls=1, session=session)
+    queued = new_run_id()
+    await store.create(queued, origin="request", args={}, session_id=session)
+    assert await store.session_turn(session, queued)  # a paused run holds nothing back
+    await store.take_paused_state(paused, [ApprovalDecision.approve("s0")], job_id="resume")
+    assert await store.session_turn(session, queued)  # enqueued before the decisions
+    assert not await store.session_turn(session, paused)

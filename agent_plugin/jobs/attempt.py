@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, TypeVar
 
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix
@@ -49,11 +49,13 @@ from agent_plugin.journal import JournalEntry, Started, recover
 from agent_plugin.live import ControlWatcher, RunControlChannel, RunEventStream
 from agent_plugin.logs import run_context
 from agent_plugin.options import EventSink, RunOptions
+from agent_plugin.outages import keep_trying
 from agent_plugin.outcomes import AgentOutcome, AwaitingApproval, RunState
 from agent_plugin.proactive import DEFAULT_DELIVERY_TIMEOUT, ReportSource, deliver_outcome
-from agent_plugin.records import RunRecord, RunStatus
+from agent_plugin.records import RunRecord, RunStatus, status_of
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.steering import Steering
+from agent_plugin.storage.leased_journal import LeasedRunJournal
 from agent_plugin.telemetry import job_scope
 
 __all__ = [
@@ -67,6 +69,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("agent_plugin.jobs")
+
+T = TypeVar("T")
 
 _REPORTABLE: Final = frozenset({RunStatus.COMPLETE, RunStatus.AWAITING_APPROVAL})
 _MARKER_TTL: Final = 86_400
@@ -220,6 +224,8 @@ class Attempt:
         """The agent's own ``run_end``: published once the record says how the run ended."""
         self.progress: ProgressAtCheckpoints | None = None
         """How far the run is, as its record says (set once it is driven)."""
+        self.journal: LeasedRunJournal | None = None
+        """The run's journal (set once it is driven): its writes renew the lease too."""
 
     @property
     def lock_ttl(self) -> float:
@@ -241,12 +247,13 @@ class Attempt:
         async with Keeper(self.redis, self.job_id, self.options.lease, self._renew_lease) as keeper:
             try:
                 try:
-                    args = _decoded(self.run_id, await self.store.args(self.run_id))
+                    stored, started = await self._open()
                 except AgentError as error:
                     if error.kind is not ErrorKind.NOT_FOUND:
                         raise
                     logger.warning("job %s: there is no run %s", self.job_id, self.run_id)
                     return Done("unknown")
+                args = await self._args_of(stored, started)
                 self.session = args.overrides.session
                 lock = None
                 if self.session is not None:
@@ -255,7 +262,7 @@ class Attempt:
                         self.redis, self.session, self.run_id, prefix=prefix
                     )
                 with run_context(self.run_id, self.session):
-                    verdict = await self._within_timeout(args, lock)
+                    verdict = await self._within_timeout(args, lock, started)
             except (AgentError, RedisError, OSError, TimeoutError) as error:
                 if isinstance(error, AgentError) and not error.retryable:
                     await self.fail_unstarted(error)
@@ -267,7 +274,33 @@ class Attempt:
                 await self._report(args, verdict.ended)
             return verdict
 
-    async def _within_timeout(self, args: RunArgs, lock: SessionLock | None) -> Verdict:
+    async def _open(self) -> tuple[dict[str, object], RunRecord | None]:
+        """The run's stored arguments and, for a run of no session, its start, in one
+        transaction (a resume, or a run of a session, starts later: see
+        :meth:`_start_and_drive`)."""
+        if self.resume:
+            return await self.store.args(self.run_id), None
+        stored, started = await self.store.open_run(
+            self.run_id, job_id=self.job_id, lease=self.options.lease
+        )
+        if started is not None:
+            self.stage, self.attempt = Stage.RUNNING, started.attempt
+        return stored, started
+
+    async def _args_of(self, stored: dict[str, object], started: RunRecord | None) -> RunArgs:
+        """The run's arguments; a run started with arguments that do not decode goes back to
+        the queue first (see :meth:`fail_unstarted`)."""
+        try:
+            return _decoded(self.run_id, stored)
+        except AgentError:
+            if started is not None:
+                await quietly(self.store.requeue(self.run_id, attempt=started.attempt))
+                self.stage, self.attempt = Stage.WAITING, None
+            raise
+
+    async def _within_timeout(
+        self, args: RunArgs, lock: SessionLock | None, started: RunRecord | None
+    ) -> Verdict:
         timeout = self.queue.job_timeout
         limit = asyncio.timeout(timeout)
         waiting = lock is not None
@@ -278,7 +311,7 @@ class Attempt:
                     if lock is not None:
                         await lock.wait(self.lock_ttl, free=self._session_free)
                         waiting = False
-                    verdict = await self._start_and_drive(args)
+                    verdict = await self._start_and_drive(args, started)
             except TimeoutError:
                 if not limit.expired():
                     raise
@@ -295,6 +328,8 @@ class Attempt:
                 verdict = await self._fail(error, self.attempt)
             return verdict
         except asyncio.CancelledError:  # the worker is shutting down; arq runs the job again
+            if self.journal is not None:  # the results it has go first
+                await asyncio.shield(quietly(self.journal.close()))
             if self.attempt is not None:  # (a run it never started may be another's to run)
                 requeue = self.store.requeue(self.run_id, attempt=self.attempt)
                 await asyncio.shield(quietly(requeue))
@@ -317,16 +352,18 @@ class Attempt:
             await asyncio.shield(quietly(lock.release()))
 
     async def _session_free(self) -> bool:
-        """No other run of the session is in progress (one that crashed holding the session
-        must finish first: it continues from checkpoints made on the session as it was)."""
+        """It is this run's turn in its session, as the database says: no other run of the
+        session is in progress (one that crashed holding the session must finish first: it
+        continues from checkpoints made on the session as it was), and none enqueued before
+        it waits to run (for its retry too): runs of a session start in the order they were
+        enqueued, whatever Redis remembers."""
         if self.session is None:
             return True
-        activity = await self.store.session_activity(self.session, besides=self.run_id)
-        return not activity.in_progress
+        return await self.store.session_turn(self.session, self.run_id)
 
-    async def _start_and_drive(self, args: RunArgs) -> Verdict:
+    async def _start_and_drive(self, args: RunArgs, started: RunRecord | None) -> Verdict:
         try:
-            record = await self.store.start(
+            record = started or await self.store.start(
                 self.run_id, job_id=self.job_id, lease=self.options.lease, resume=self.resume
             )
         except AgentError as error:  # a duplicate delivery of a run that moved on
@@ -344,10 +381,10 @@ class Attempt:
             return await self._give_up(attempt)
         try:
             outcome = await self._drive(record, args)
+            if self.journal is not None:
+                await self.journal.close()
             ended_at = self.progress.at_end(outcome) if self.progress is not None else None
-            record = await self.store.finish(
-                self.run_id, outcome, attempt=attempt, progress=ended_at
-            )
+            record = await self._finish(outcome, attempt, ended_at)
             if attempt > 1:  # a retry: its retries end here
                 await self._end_retries(None)
             await self._publish_end(self.held_end or RunEnded.of(self.run_id, outcome))
@@ -428,7 +465,11 @@ class Attempt:
         """Record that ``error`` ended the run and publish its end; a run a later delivery
         took over is left to that one."""
         try:
-            await self.store.fail(self.run_id, error.info(), attempt=attempt)
+            await self._durably(
+                "recording how it failed",
+                lambda: self.store.fail(self.run_id, error.info(), attempt=attempt),
+                landed=lambda record: record.status is RunStatus.FAILED,
+            )
         except AgentError as refused:
             if refused.kind is not ErrorKind.CONFLICT:
                 raise
@@ -448,7 +489,7 @@ class Attempt:
             return RetryIn(self.options.lease)
 
     async def _record_failure(self, error: AgentError, attempt: int) -> Verdict:
-        if not await self._still_ours(attempt):
+        if not await self._persist("reading its record", lambda: self._still_ours(attempt)):
             return await self._superseded(error)
         try:
             return await self._record_own_failure(error, attempt)
@@ -458,6 +499,17 @@ class Attempt:
             return await self._superseded(refused)
 
     async def _record_own_failure(self, error: AgentError, attempt: int) -> Verdict:
+        if _out_of_reach(error) and not self.resume:
+            # the database (or Redis) stayed out of reach for a write the run could not keep
+            # trying: deliver it again a lease later, from its checkpoints, using up none of
+            # its attempts (max_deliveries bounds these)
+            lease = self.options.lease
+            await self._persist(
+                "queueing it again",
+                lambda: self.store.requeue(self.run_id, attempt=attempt, not_before=lease),
+            )
+            logger.warning("run %s: %s; delivered again in %g s", self.run_id, error, lease)
+            return RetryIn(lease)
         if error.retryable and not self.resume:  # a resume's approved calls may act: no retry
             retries = int(await self.redis.incr(self._retries_key))
             await self.redis.expire(self._retries_key, 86_400)
@@ -466,7 +518,10 @@ class Attempt:
             if retries < self.options.max_attempts:
                 self.runtime.telemetry.run_retried(error)
                 delay = self.options.backoff(retries, error.retry_after)
-                await self.store.requeue(self.run_id, attempt=attempt, not_before=delay)
+                await self._persist(
+                    "queueing its retry",
+                    lambda: self.store.requeue(self.run_id, attempt=attempt, not_before=delay),
+                )
                 logger.info(
                     "run %s: %s; attempt %d of %d in %.1f s",
                     self.run_id,
@@ -499,6 +554,60 @@ class Attempt:
             and record.attempt == attempt
         )
 
+    # --- durable writes ---------------------------------------------------------------------
+
+    def _holds_run(self) -> bool:
+        """Whether this delivery still holds its run (no later delivery took it over)."""
+        return self.stage is Stage.RUNNING
+
+    async def _persist(self, what: str, write: Callable[[], Awaitable[T]]) -> T:
+        """``write`` through a database outage: tried again with backoff for as long as this
+        delivery holds its run (bounded by the job timeout around it), so what the run has
+        done (a finished tool call's result, its end) is kept, never given up for a later
+        delivery to do again. A delivery that was taken over stops trying at once."""
+        cap = max(0.1, min(self.options.lease / 3, 2.0))
+        return await keep_trying(
+            f"run {self.run_id}: {what}", write, go_on=self._holds_run, max_delay=cap, log=logger
+        )
+
+    async def _durably(
+        self,
+        what: str,
+        move: Callable[[], Awaitable[RunRecord]],
+        *,
+        landed: Callable[[RunRecord], bool],
+    ) -> RunRecord:
+        """:meth:`_persist` a move of the run's record that may have committed although it
+        failed (the connection broke after the commit): a try that is then refused finds the
+        record moved by this attempt as ``landed`` says, and counts it as done."""
+        unsure = False
+
+        async def attempt() -> RunRecord:
+            nonlocal unsure
+            try:
+                return await move()
+            except AgentError as error:
+                if _out_of_reach(error):
+                    unsure = True
+                elif unsure and error.kind is ErrorKind.CONFLICT:
+                    current = await self.store.get(self.run_id)
+                    if current is not None and current.attempt == self.attempt and landed(current):
+                        return current
+                raise
+
+        return await self._persist(what, attempt)
+
+    async def _finish(
+        self, outcome: AgentOutcome, attempt: int, progress: tuple[int, str] | None
+    ) -> RunRecord:
+        """Record how the run ended, through a database outage (see :meth:`_durably`)."""
+        status = status_of(outcome)
+        return await self._durably(
+            "recording how it ended",
+            lambda: self.store.finish(self.run_id, outcome, attempt=attempt, progress=progress),
+            landed=lambda record: record.status is status,
+        )
+
     async def _renew_lease(self) -> None:
         """Renew the run's lease (the keeper calls this); a run another delivery took over
         meanwhile is cancelled here, so this delivery stops at its next step instead of
@@ -506,6 +615,9 @@ class Attempt:
         attempt, live = self.attempt, self.live
         if attempt is None or self.stage is not Stage.RUNNING:
             return
+        journal = self.journal
+        if journal is not None and time.monotonic() - journal.renewed_at < self.options.lease / 3:
+            return  # a checkpoint renewed it just now
         if await self.store.renew_lease(self.run_id, attempt=attempt, lease=self.options.lease):
             return
         current = await self.store.get(self.run_id)
@@ -713,7 +825,16 @@ class Attempt:
         """Continue the run from wherever it is: a resume, a checkpoint, or the start."""
         store = self.store
         runtime = self.runtime
-        journal = store.journal(self.run_id, attempt=record.attempt, progress=self.progress)
+        first = record.attempt == 1  # never started before: no checkpoints, no pause
+        entries, last_seq = ([], 0) if first else await store.checkpoints(self.run_id)
+        journal = self.journal = store.run_journal(
+            self.run_id,
+            attempt=record.attempt,
+            after_seq=last_seq,
+            lease=self.options.lease,
+            progress=self.progress,
+            persist=self._persist,
+        )
         options = RunOptions(
             run_id=self.run_id,
             cancel=live.cancel,
@@ -722,8 +843,6 @@ class Attempt:
             journal=journal,
         )
         sessions_store = runtime.session_store
-        first = record.attempt == 1  # never started before: no checkpoints, no pause
-        entries = [] if first else await store.journal_entries(self.run_id)
         pending = None if first else await store.pending_resume(self.run_id)
         if pending is not None and not _resume_began(entries, pending[0]):
             state, decisions = pending
@@ -745,6 +864,11 @@ class Attempt:
             options=options,
         )
         return turn.outcome
+
+
+def _out_of_reach(error: AgentError) -> bool:
+    """The database (or Redis) was out of reach: not the model provider's error."""
+    return error.kind is ErrorKind.UNAVAILABLE and error.provider is None
 
 
 def _decoded(run_id: str, stored: dict[str, object]) -> RunArgs:

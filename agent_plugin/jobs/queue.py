@@ -484,7 +484,7 @@ class RunQueue:
         if record.status not in (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL):
             return record
         try:
-            record = await self.store.cancel(run_id, reason)
+            record, job_id = await self.store.cancel_waiting(run_id, reason)
         except AgentError as error:
             if error.kind is not ErrorKind.CONFLICT:
                 raise
@@ -494,8 +494,9 @@ class RunQueue:
             return record
         async with self._reaching_redis():
             pipe = redis.pipeline(transaction=False)
-            pipe.zrem(self.options.queue_name, run_id)
-            pipe.delete(job_key_prefix + run_id)
+            for job in {run_id, job_id or run_id}:  # its own job, and its resume's if queued
+                pipe.zrem(self.options.queue_name, job)
+                pipe.delete(job_key_prefix + job)
             await pipe.execute()
             if record.session_id is not None:  # claimed at enqueue; never held by a worker yet
                 prefix = self.options.key_prefix

@@ -23,7 +23,7 @@ from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.jobs.attempt import Attempt, Done, Superseded, Verdict
 from agent_plugin.jobs.options import JobOptions
 from agent_plugin.jobs.queue import AGENT_RESUME, AGENT_RUN, RunQueue
-from agent_plugin.jobs.redis import dumps, loads, redis_settings
+from agent_plugin.jobs.redis import OutageRetry, dumps, loads, redis_settings
 from agent_plugin.jobs.ticks import heartbeat_cron, tick
 from agent_plugin.jobs.upkeep import Upkeep
 from agent_plugin.live import ControlWatcher
@@ -225,9 +225,15 @@ def worker_settings(
     # the run's own limit, then its report (bounded by the delivery limit), then a margin
     job_timeout = timeout + DEFAULT_DELIVERY_TIMEOUT + 5
 
+    redis = redis_settings(
+        settings.redis_url, worker=True, startup_wait=float(settings.startup_wait_secs)
+    )
+
     async def on_startup(ctx: dict[str, Any]) -> None:
-        runtime = await open_runtime()
+        runtime = await open_runtime()  # waits for the database (startup_wait_secs)
         await start_worker(ctx, runtime, options, sources=sources)
+        if isinstance(redis.retry, OutageRetry):  # from now on, ride out any Redis outage
+            redis.retry.ride_out()
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         await stop_worker(ctx)
@@ -251,7 +257,7 @@ def worker_settings(
     attributes: dict[str, Any] = {
         "__doc__": "arq worker settings built by AgentPlugin.worker_settings().",
         "functions": functions,
-        "redis_settings": redis_settings(settings.redis_url, worker=True),
+        "redis_settings": redis,
         "queue_name": options.queue_name,
         "on_startup": on_startup,
         "on_shutdown": on_shutdown,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from typing import Final
 
 import sqlalchemy as sa
 from pydantic import ValidationError
@@ -51,11 +52,17 @@ class SqlRunJournal:
         *,
         attempt: int | None = None,
         progress: ProgressRule | None = None,
+        after_seq: int | None = None,
     ) -> None:
         self.database = database
         self.run_id = run_id
         self.attempt = attempt
         self.progress = progress
+        self.seq = after_seq
+        """The seq of the run's latest checkpoint, when the journal was told where it starts
+        (``after_seq``): each record then takes the next seq itself, so a record tried again
+        after a failure that may have committed is written once (see :meth:`record`)."""
+        self._unsure: JournalEntry | None = None
         self._writing = asyncio.Lock()
 
     def __repr__(self) -> str:
@@ -67,10 +74,20 @@ class SqlRunJournal:
         ``NOT_FOUND`` if the run has no record; ``CONFLICT`` if another writer took the same
         seq at the same moment, or (with ``attempt``) the run moved on to another attempt.
         With a ``progress`` rule, the progress it gives for ``entry`` is written with it.
+
+        A record that failed as ``unavailable`` may have committed all the same (the
+        connection broke after the commit): with ``after_seq`` given, recording the same
+        entry again finds its seq taken and counts it as written, once.
         """
+        async with self._writing:
+            await self._record(entry)
+
+    async def _record(self, entry: JournalEntry) -> None:
         now = utcnow()
+        seq = None if self.seq is None else self.seq + 1
         values = {
             "run": self.run_id,
+            "new_seq": seq,
             "of_attempt": self.attempt,
             "new_kind": entry.kind,
             "new_step": getattr(entry, "step", None),
@@ -79,23 +96,31 @@ class SqlRunJournal:
             "new_payload": entry.model_dump(mode="json", exclude={"kind"}),
             "new_created_at": now,
         }
-        insert = _CHECKPOINT if self.attempt is None else _CHECKPOINT_OF_ATTEMPT
+        insert = _INSERTS[self.attempt is not None, seq is not None]
         progress = self.progress(entry) if self.progress is not None else None
         try:
-            async with self._writing, self.database.write() as conn:
+            async with self.database.write() as conn:
                 if (await conn.execute(insert, values)).rowcount == 1:
                     if progress is not None:
                         pct, message = progress
                         await conn.execute(
                             PROGRESS, progress_values(self.run_id, pct, message, now)
                         )
+                    self.seq, self._unsure = seq, None
                     return
                 head = (
                     await conn.execute(
                         sa.select(RUNS.status, RUNS.attempt).where(RUNS.run_id == self.run_id)
                     )
                 ).one_or_none()
+        except AgentError as error:
+            if error.kind is ErrorKind.UNAVAILABLE:
+                self._unsure = entry  # it may have committed before the connection broke
+            raise
         except exc.IntegrityError as clash:
+            if seq is not None and self._unsure is entry:  # the earlier try did commit
+                self.seq, self._unsure = seq, None
+                return
             raise AgentError(
                 ErrorKind.CONFLICT,
                 f"run {self.run_id!r}: another writer recorded a checkpoint at the same time; "
@@ -110,15 +135,17 @@ class SqlRunJournal:
         )
 
 
-def _checkpoint_insert(*, of_attempt: bool) -> sa.Insert:
+def _checkpoint_insert(*, of_attempt: bool, given_seq: bool) -> sa.Insert:
     """The checkpoint ``INSERT`` of the entry bound as ``new_<column>``: seq = the run's last
-    + 1, in the same statement; with ``of_attempt``, only while the run is in progress at the
-    attempt bound as ``of_attempt``. (Bind names differ from column names, as SQLAlchemy
-    requires in an ``INSERT``.)"""
+    + 1, in the same statement (``given_seq``: the seq bound as ``new_seq``); with
+    ``of_attempt``, only while the run is in progress at the attempt bound as ``of_attempt``.
+    (Bind names differ from column names, as SQLAlchemy requires in an ``INSERT``.)"""
     columns = CHECKPOINTS.__table__.c
     run_id = sa.bindparam("run", type_=columns.run_id.type)
-    next_seq = (
-        sa.select(sa.func.coalesce(sa.func.max(columns.seq), 0) + 1)
+    next_seq: sa.ColumnElement[int] = (
+        sa.bindparam("new_seq", type_=columns.seq.type)
+        if given_seq
+        else sa.select(sa.func.coalesce(sa.func.max(columns.seq), 0) + 1)
         .where(columns.run_id == run_id)
         .scalar_subquery()
     )
@@ -137,8 +164,12 @@ def _checkpoint_insert(*, of_attempt: bool) -> sa.Insert:
     return sa.insert(CHECKPOINTS).from_select(["run_id", "seq", *fields], source)
 
 
-_CHECKPOINT = _checkpoint_insert(of_attempt=False)
-_CHECKPOINT_OF_ATTEMPT = _checkpoint_insert(of_attempt=True)
+_INSERTS: Final = {
+    (of_attempt, given_seq): _checkpoint_insert(of_attempt=of_attempt, given_seq=given_seq)
+    for of_attempt in (False, True)
+    for given_seq in (False, True)
+}
+"""The checkpoint inserts by ``(of_attempt, given_seq)``, built once."""
 
 
 def decode_entry(run_id: str, seq: int, kind: str, payload: str | None) -> JournalEntry:

@@ -202,7 +202,9 @@ class RunRow(Base):
     status, so a decision is accepted against exactly one pause (compare-and-set). ``job_id``
     is the arq job that may start the run (another job's delivery is stale) and
     ``lease_until`` the time before which no other delivery may start it (its worker's lease,
-    or a retry's backoff).
+    or a retry's backoff). ``session_seq`` is the run's place in its session's queue (given
+    when it is enqueued, and again when its resume is): runs of a session take their turns in
+    that order.
     """
 
     __tablename__ = "agent_runs"
@@ -214,6 +216,7 @@ class RunRow(Base):
         sa.Index(None, "status"),
         sa.Index(None, "session_id"),
         sa.Index(None, "created_at", "run_id"),
+        sa.Index(None, "session_id", "session_seq", unique=True),
     )
 
     run_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
@@ -236,6 +239,7 @@ class RunRow(Base):
     version: Mapped[int] = mapped_column(sa.Integer, default=0, server_default=sa.text("0"))
     job_id: Mapped[str | None] = mapped_column(sa.String(255))
     lease_until: Mapped[datetime | None]
+    session_seq: Mapped[int | None] = mapped_column(sa.BigInteger)
 
 
 class RunCheckpointRow(Base):

@@ -52,6 +52,8 @@ from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
 from pydantic_core import PydanticSerializationError, to_jsonable_python
+from sqlalchemy import exc
+from sqlalchemy.orm import aliased
 
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import OutcomeSummary
@@ -61,6 +63,7 @@ from agent_plugin.outcomes import AgentOutcome, ApprovalDecision, AwaitingApprov
 from agent_plugin.records import RunPage, RunRecord, RunStatus, status_of
 from agent_plugin.storage.checkpoints import ProgressRule, SqlRunJournal, decode_entry
 from agent_plugin.storage.database import Database
+from agent_plugin.storage.leased_journal import LeasedRunJournal, Persist
 from agent_plugin.storage.models import utcnow
 from agent_plugin.storage.run_sql import (
     ARGS,
@@ -105,6 +108,9 @@ T = TypeVar("T")
 _CANCELLABLE: Final = (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL)
 _CANCEL_TRIES: Final = 3
 _START_TRIES: Final = 3
+_PLACE_TRIES: Final = 5
+"""Tries to give a run the next place in its session's queue (two enqueued at once on
+PostgreSQL may compute the same one; the unique index refuses the second)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,24 +176,30 @@ class SqlRunStore:
         _check_text("memory_scope", memory_scope, _NAME_MAX)
         _check_text("job_id", job_id, _NAME_MAX)
         stored_args = _json_args(run_id, args)
-        now = utcnow()
-        async with self.database.write() as conn:
-            insert = insert_ignoring_duplicates(conn).values(
-                run_id=run_id,
-                status=RunStatus.QUEUED.value,
-                origin=origin,
-                session_id=session_id,
-                memory_scope=memory_scope,
-                progress_pct=0,
-                attempt=0,
-                version=0,
-                args=stored_args,
-                job_id=job_id or run_id,
-                lease_until=from_now(not_before) if not_before else None,
-                created_at=now,
-                updated_at=now,
-            )
-            return (await conn.execute(insert)).rowcount == 1
+        for _ in range(_PLACE_TRIES):
+            now = utcnow()
+            try:
+                async with self.database.write() as conn:
+                    insert = insert_ignoring_duplicates(conn).values(
+                        run_id=run_id,
+                        status=RunStatus.QUEUED.value,
+                        origin=origin,
+                        session_id=session_id,
+                        session_seq=next_in_session(session_id),
+                        memory_scope=memory_scope,
+                        progress_pct=0,
+                        attempt=0,
+                        version=0,
+                        args=stored_args,
+                        job_id=job_id or run_id,
+                        lease_until=from_now(not_before) if not_before else None,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                    return (await conn.execute(insert)).rowcount == 1
+            except exc.IntegrityError:  # a run of the session enqueued at the same moment
+                continue  # took the place: take the next one
+        raise _kept_changing(run_id, "enqueued")
 
     async def get(self, run_id: str) -> RunRecord | None:
         """The run's public record, or ``None`` if there is no such run."""
@@ -253,6 +265,38 @@ class SqlRunStore:
         next_cursor = make_cursor(last.created_at, last.run_id) if more and last else None
         return RunPage(runs=records, next_cursor=next_cursor)
 
+    async def session_turn(self, session_id: str, run_id: str) -> bool:
+        """Whether it is ``run_id``'s turn in session ``session_id``: no other run of the
+        session is in progress, and none enqueued before it still waits to run: queued and due,
+        or waiting for its retry or its resume (a run booked for later that has never started
+        does not hold the turn until it is due). Runs of a session so start in the order they
+        were enqueued (their ``session_seq``), whatever Redis remembers."""
+        me = aliased(RUNS)
+        other = aliased(RUNS)
+        earlier = sa.and_(
+            other.status == RunStatus.QUEUED.value,
+            other.session_seq < me.session_seq,
+            sa.or_(
+                other.attempt > 0,
+                other.lease_until.is_(None),
+                other.lease_until <= database_now(),
+            ),
+        )
+        query = (
+            sa.select(other.run_id)
+            .select_from(me)
+            .join(other, other.session_id == me.session_id)
+            .where(
+                me.run_id == run_id,
+                me.session_id == session_id,
+                other.run_id != run_id,
+                sa.or_(other.status == RunStatus.IN_PROGRESS.value, earlier),
+            )
+            .limit(1)
+        )
+        async with self.database.read() as conn:
+            return (await conn.execute(query)).first() is None
+
     async def session_activity(
         self, session_id: str, *, besides: str | None = None
     ) -> SessionActivity:
@@ -315,6 +359,31 @@ class SqlRunStore:
         raise AgentError(
             ErrorKind.CONFLICT, f"run {run_id} kept changing while being started; try again"
         )
+
+    async def open_run(
+        self, run_id: str, *, job_id: str | None = None, lease: float | None = None
+    ) -> tuple[dict[str, Any], RunRecord | None]:
+        """What a delivery does first, in one transaction: read the run's stored arguments
+        (as :meth:`args`) and, for a run of no session that is not a resume's, start it (as
+        :meth:`start`). The record is ``None`` when the run was not started: it has a session
+        (start it when its turn comes) or decisions, or the start was refused (:meth:`start`
+        says why)."""
+        async with self.database.write() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(as_text(RUNS.args), RUNS.session_id).where(RUNS.run_id == run_id)
+                )
+            ).one_or_none()
+            if row is None:
+                raise not_found(run_id)
+            args = decode_json(run_id, "args", row[0], ARGS)
+            if args is None:
+                raise decode_error(run_id, "args", "the run has no stored arguments")
+            if row[1] is not None:
+                return args, None
+            values = {"run": run_id, "now": utcnow(), "job": job_id, "lease": lease or 0.0}
+            started = (await conn.execute(STARTS[job_id is not None, True], values)).one_or_none()
+        return args, record_of(started._mapping) if started is not None else None
 
     async def renew_lease(self, run_id: str, *, attempt: int, lease: float) -> bool:
         """Extend the lease of the delivery that started ``attempt`` to ``lease`` seconds from
@@ -497,18 +566,24 @@ class SqlRunStore:
         A run in progress is not cancelled here (its worker owns it) and a finished run stays
         as it ended: both ``CONFLICT``. The paused state and any accepted decisions are dropped.
         """
+        record, _ = await self.cancel_waiting(run_id, reason)
+        return record
+
+    async def cancel_waiting(self, run_id: str, reason: str) -> tuple[RunRecord, str | None]:
+        """:meth:`cancel`, answering also the arq job the run was queued under (its own, or
+        its resume's once decisions were accepted; ``None``: none), for the queue to drop."""
         for _ in range(_CANCEL_TRIES):
             async with self.database.read() as conn:
                 head = (
                     await conn.execute(
-                        sa.select(RUNS.status, RUNS.version, as_text(RUNS.outcome)).where(
-                            RUNS.run_id == run_id
-                        )
+                        sa.select(
+                            RUNS.status, RUNS.version, as_text(RUNS.outcome), RUNS.job_id
+                        ).where(RUNS.run_id == run_id)
                     )
                 ).one_or_none()
             if head is None:
                 raise not_found(run_id)
-            status, version, outcome_text = head
+            status, version, outcome_text, job_id = head
             if status not in _CANCELLABLE:
                 raise conflict_error(run_id, status, "cancel it")
             previous = decode_json(run_id, "outcome", outcome_text, SUMMARY)
@@ -533,7 +608,7 @@ class SqlRunStore:
                 updated_at=now,
             )
             if record is not None:
-                return record
+                return record, job_id
             # it moved between the read and the write (say, a decision was accepted): again
         raise AgentError(
             ErrorKind.CONFLICT, f"run {run_id} kept changing while being cancelled; try again"
@@ -573,6 +648,7 @@ class SqlRunStore:
             raise decode_error(run_id, "state", "a paused run has no stored state")
         _check_decisions(run_id, state, decided)
         _check_text("job_id", job_id, _NAME_MAX)
+        session_id = await self._session_of(run_id)
         update = (
             sa.update(RUNS)
             .where(RUNS.run_id == run_id, RUNS.version == version)
@@ -583,13 +659,21 @@ class SqlRunStore:
                 outcome=sa.null(),
                 job_id=job_id,
                 lease_until=sa.null(),
+                session_seq=next_in_session(session_id),  # the resume queues behind the rest
                 updated_at=utcnow(),
             )
         )
-        async with self.database.write() as conn:
-            if (await conn.execute(update)).rowcount == 1:
-                return state
-            now_status = await read_status(conn, run_id)
+        for _ in range(_PLACE_TRIES):
+            try:
+                async with self.database.write() as conn:
+                    if (await conn.execute(update)).rowcount == 1:
+                        return state
+                    now_status = await read_status(conn, run_id)
+                break
+            except exc.IntegrityError:  # another run of the session took that place: again
+                continue
+        else:
+            raise _kept_changing(run_id, "resumed")
         if now_status is None:
             raise not_found(run_id)
         if now_status == RunStatus.AWAITING_APPROVAL.value:
@@ -599,6 +683,10 @@ class SqlRunStore:
                 "read it again and decide on the calls it awaits now",
             )
         raise not_paused(run_id, now_status)
+
+    async def _session_of(self, run_id: str) -> str | None:
+        async with self.database.read() as conn:
+            return await conn.scalar(sa.select(RUNS.session_id).where(RUNS.run_id == run_id))
 
     async def return_paused_state(self, run_id: str, outcome: OutcomeSummary | None) -> bool:
         """Undo :meth:`take_paused_state` when the resume could not be queued: the run awaits
@@ -648,7 +736,12 @@ class SqlRunStore:
     # --- step checkpoints ------------------------------------------------------------------
 
     def journal(
-        self, run_id: str, *, attempt: int | None = None, progress: ProgressRule | None = None
+        self,
+        run_id: str,
+        *,
+        attempt: int | None = None,
+        progress: ProgressRule | None = None,
+        after_seq: int | None = None,
     ) -> SqlRunJournal:
         """The run's checkpoint journal, to give a run in its ``RunOptions``.
 
@@ -657,11 +750,48 @@ class SqlRunStore:
         for dead and replaced cannot write into its successor's journal (``CONFLICT``).
         With ``progress``, a checkpoint for which the rule answers ``(pct, message)`` also
         updates the record's progress, in the same transaction (see :meth:`progress`).
+        With ``after_seq`` (the seq of the run's latest checkpoint, from :meth:`checkpoints`;
+        0 for a run that has none), a record tried again after an ``unavailable`` failure
+        that did commit is not written twice.
         """
-        return SqlRunJournal(self.database, run_id, attempt=attempt, progress=progress)
+        return SqlRunJournal(
+            self.database, run_id, attempt=attempt, progress=progress, after_seq=after_seq
+        )
+
+    def run_journal(
+        self,
+        run_id: str,
+        *,
+        attempt: int,
+        after_seq: int,
+        lease: float,
+        progress: ProgressRule | None = None,
+        persist: Persist | None = None,
+    ) -> LeasedRunJournal:
+        """The journal of the delivery that started ``attempt`` of the run: its checkpoints in
+        as few transactions as keep them safe, each renewing its lease by ``lease`` seconds
+        and writing the progress ``progress`` gives (see
+        :mod:`agent_plugin.storage.leased_journal`). ``after_seq``: the seq of the run's
+        latest checkpoint (:meth:`checkpoints`; 0 for a run never started before);
+        ``persist`` makes each write (a worker's tries it through a database outage). Call
+        its ``close()`` before recording the run's end."""
+        return LeasedRunJournal(
+            self.database,
+            run_id,
+            attempt=attempt,
+            after_seq=after_seq,
+            lease=lease,
+            progress=progress,
+            persist=persist,
+        )
 
     async def journal_entries(self, run_id: str) -> list[JournalEntry]:
         """The run's checkpoints in the order they were recorded (one query; ``[]`` if none)."""
+        entries, _ = await self.checkpoints(run_id)
+        return entries
+
+    async def checkpoints(self, run_id: str) -> tuple[list[JournalEntry], int]:
+        """The run's checkpoints in order, and the seq of the latest (0 if none): one query."""
         query = (
             sa.select(CHECKPOINTS.seq, CHECKPOINTS.kind, as_text(CHECKPOINTS.payload))
             .where(CHECKPOINTS.run_id == run_id)
@@ -669,7 +799,8 @@ class SqlRunStore:
         )
         async with self.database.read() as conn:
             rows = (await conn.execute(query)).all()
-        return [decode_entry(run_id, seq, kind, payload) for seq, kind, payload in rows]
+        entries = [decode_entry(run_id, seq, kind, payload) for seq, kind, payload in rows]
+        return entries, int(rows[-1][0]) if rows else 0
 
     async def clear_journal(self, run_id: str) -> None:
         """Delete the run's checkpoints once nothing will continue from them.
@@ -790,6 +921,25 @@ class SqlRunStore:
         async with self.database.write() as conn:
             row = (await conn.execute(update)).one_or_none()
         return record_of(row._mapping) if row is not None else None
+
+
+def next_in_session(session_id: str | None) -> sa.ColumnElement[int] | None:
+    """The next place in the session's queue (``None`` for a run without a session)."""
+    if session_id is None:
+        return None
+    others = aliased(RUNS)
+    return (
+        sa.select(sa.func.coalesce(sa.func.max(others.session_seq), 0) + 1)
+        .where(others.session_id == session_id)
+        .scalar_subquery()
+    )
+
+
+def _kept_changing(run_id: str, action: str) -> AgentError:
+    return AgentError(
+        ErrorKind.CONFLICT,
+        f"run {run_id}: its session kept changing while it was {action}; try again",
+    )
 
 
 # --- checks --------------------------------------------------------------------------------
