@@ -28,6 +28,7 @@ from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import RunEnded
 from agent_plugin.jobs.args import RunArgs, RunHandle, idempotent_run_id
 from agent_plugin.jobs.options import JobOptions
+from agent_plugin.jobs.polling import bound_connections
 from agent_plugin.jobs.redis import (
     SessionLock,
     dumps,
@@ -138,6 +139,7 @@ class RunQueue:
                         job_serializer=dumps,
                         job_deserializer=loads,
                     )
+                    await bound_connections(self._redis, self.options.max_redis_connections)
                 except (TimeoutError, RedisError, OSError) as error:
                     raise redis_error(self.redis_url, error) from None
                 self._owns_redis = True
