@@ -22,9 +22,9 @@ from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.jobs.attempt import Attempt, Done, Superseded, Verdict
 from agent_plugin.jobs.options import JobOptions
-from agent_plugin.jobs.polling import bound_connections, read_startable_jobs
 from agent_plugin.jobs.queue import AGENT_RESUME, AGENT_RUN, RunQueue
 from agent_plugin.jobs.redis import dumps, loads, redis_settings
+from agent_plugin.jobs.scale import bound_connections, read_startable_jobs
 from agent_plugin.jobs.ticks import heartbeat_cron, tick
 from agent_plugin.jobs.upkeep import Upkeep
 from agent_plugin.live import ControlWatcher

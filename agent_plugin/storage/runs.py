@@ -66,6 +66,7 @@ from agent_plugin.storage.run_sql import (
     ARGS,
     ARGS_OF,
     CHECKPOINTS,
+    CREATE,
     DECISIONS,
     GET,
     MAX_PAGE,
@@ -83,7 +84,6 @@ from agent_plugin.storage.run_sql import (
     decode_error,
     decode_json,
     from_now,
-    insert_ignoring_duplicates,
     make_cursor,
     not_found,
     not_paused,
@@ -171,23 +171,20 @@ class SqlRunStore:
         _check_text("job_id", job_id, _NAME_MAX)
         stored_args = _json_args(run_id, args)
         now = utcnow()
-        async with self.database.write() as conn:
-            insert = insert_ignoring_duplicates(conn).values(
-                run_id=run_id,
-                status=RunStatus.QUEUED.value,
-                origin=origin,
-                session_id=session_id,
-                memory_scope=memory_scope,
-                progress_pct=0,
-                attempt=0,
-                version=0,
-                args=stored_args,
-                job_id=job_id or run_id,
-                lease_until=from_now(not_before) if not_before else None,
-                created_at=now,
-                updated_at=now,
-            )
-            return (await conn.execute(insert)).rowcount == 1
+        values: dict[str, Any] = {
+            "new_run_id": run_id,
+            "new_origin": origin,
+            "new_session_id": session_id,
+            "new_memory_scope": memory_scope,
+            "new_args": stored_args,
+            "new_job_id": job_id or run_id,
+            "new_created_at": now,
+            "new_updated_at": now,
+        }
+        if not_before:
+            values["delay"] = float(not_before)
+        insert = CREATE[self.database.dialect, bool(not_before)]
+        return await self.database.write_one(insert, values) == 1
 
     async def get(self, run_id: str) -> RunRecord | None:
         """The run's public record, or ``None`` if there is no such run."""
