@@ -119,8 +119,8 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def connections(pid: int, ports: dict[str, int]) -> dict[str, int]:
-    """Established TCP connections of ``pid`` to each of ``ports`` (by name)."""
+def local_ports(pid: int, port: int) -> set[int]:
+    """The local ports of the established TCP connections of ``pid`` to ``port``."""
     inodes = set()
     with contextlib.suppress(OSError):
         for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -128,17 +128,26 @@ def connections(pid: int, ports: dict[str, int]) -> dict[str, int]:
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
                 if target.startswith("socket:["):
                     inodes.add(target[8:-1])
-    counts = dict.fromkeys(ports, 0)
-    by_port = {port: name for name, port in ports.items()}
+    found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
             for line in Path(table).read_text().splitlines()[1:]:
                 parts = line.split()
                 remote, state, inode = parts[2], parts[3], parts[9]
-                port = int(remote.rsplit(":", 1)[1], 16)
-                if state == "01" and inode in inodes and port in by_port:
-                    counts[by_port[port]] += 1
-    return counts
+                if state == "01" and inode in inodes and int(remote.rsplit(":", 1)[1], 16) == port:
+                    found.add(int(parts[1].rsplit(":", 1)[1], 16))
+    return found
+
+
+def connections(pid: int, ports: dict[str, int], observer: redis.Redis) -> dict[str, int]:
+    """The connections of ``pid`` to PostgreSQL (its established sockets) and to Redis (those
+    Redis lists as its clients: a socket being closed is not one)."""
+    mine = local_ports(pid, ports["redis"])
+    clients = observer.client_list()
+    return {
+        "postgres": len(local_ports(pid, ports["postgres"])),
+        "redis": sum(1 for c in clients if int(c["addr"].rsplit(":", 1)[1]) in mine),
+    }
 
 
 # --- the parts: database, app, workers -----------------------------------------------------------
@@ -473,10 +482,11 @@ def model_bound(
     """``runs`` runs of two 1 s model calls through ``workers`` fresh workers."""
     pool = Workers(deployment, workers)
     peaks = {pid: dict.fromkeys(ports, 0) for pid in pool.pids}
+    observer = redis.Redis.from_url(REDIS_URL)
 
     def sample() -> None:
         for pid in pool.pids:
-            for name, n in connections(pid, ports).items():
+            for name, n in connections(pid, ports, observer).items():
                 peaks[pid][name] = max(peaks[pid][name], n)
 
     try:
@@ -489,6 +499,7 @@ def model_bound(
         cpu = sum(cpu_seconds(pid) for pid in pool.pids) - cpu_before
     finally:
         pool.close()
+        observer.close()
     deployment.forget_runs()
     row = {
         "workers": workers,
