@@ -181,20 +181,29 @@ class Database:
                 async with conn.begin():
                     yield conn
 
-    async def write_one(self, statement: sa.Executable, params: dict[str, Any]) -> int:
-        """Run one writing statement in a transaction of its own; the rows it changed.
+    @asynccontextmanager
+    async def alone(self, *, write: bool) -> AsyncIterator[AsyncConnection]:
+        """A connection for one statement in a transaction of its own (the hot single-statement
+        reads and writes: a run's record, its start, its lease, its moves).
 
         On PostgreSQL the statement commits on its own (autocommit): one round trip instead
-        of three (``BEGIN``, the statement, ``COMMIT``), for the hot single-statement writes
-        such as recording a new run. On SQLite it goes through :meth:`write`.
+        of three (``BEGIN``, the statement, ``COMMIT``), the same for a single statement. On
+        SQLite it is :meth:`read` or :meth:`write`. Run exactly one statement in it, and read
+        its result inside.
         """
         if self.dialect != "postgresql":
-            async with self.write() as conn:
-                return (await conn.execute(statement, params)).rowcount
-        with self.errors("write to"):
+            async with self.write() if write else self.read() as conn:
+                yield conn
+            return
+        with self.errors("write to" if write else "read from"):
             async with self.engine.connect() as conn:
-                alone = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                return (await alone.execute(statement, params)).rowcount
+                yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    async def write_one(self, statement: sa.Executable, params: dict[str, Any]) -> int:
+        """Run one writing statement in a transaction of its own (:meth:`alone`); the rows
+        it changed."""
+        async with self.alone(write=True) as conn:
+            return (await conn.execute(statement, params)).rowcount
 
     @asynccontextmanager
     async def _turn_to_write(self) -> AsyncIterator[None]:

@@ -188,7 +188,7 @@ class SqlRunStore:
 
     async def get(self, run_id: str) -> RunRecord | None:
         """The run's public record, or ``None`` if there is no such run."""
-        async with self.database.read() as conn:
+        async with self.database.alone(write=False) as conn:
             row = (await conn.execute(GET, {"run": run_id})).one_or_none()
         return record_of(row._mapping) if row is not None else None
 
@@ -201,12 +201,11 @@ class SqlRunStore:
             RUNS.status == RunStatus.QUEUED.value,
             RUNS.attempt == 0,
         )
-        async with self.database.write() as conn:
-            return bool((await conn.execute(delete)).rowcount)
+        return bool(await self.database.write_one(delete, {}))
 
     async def args(self, run_id: str) -> dict[str, Any]:
         """The job arguments stored by :meth:`create`; ``NOT_FOUND`` for an unknown run."""
-        async with self.database.read() as conn:
+        async with self.database.alone(write=False) as conn:
             row = (await conn.execute(ARGS_OF, {"run": run_id})).one_or_none()
         if row is None:
             raise not_found(run_id)
@@ -302,7 +301,7 @@ class SqlRunStore:
         statement = STARTS[job_id is not None, not resume]
         for _ in range(_START_TRIES):
             values = {"run": run_id, "now": utcnow(), "job": job_id, "lease": lease or 0.0}
-            async with self.database.write() as conn:
+            async with self.database.alone(write=True) as conn:
                 row = (await conn.execute(statement, values)).one_or_none()
             if row is not None:
                 return record_of(row._mapping)
@@ -326,8 +325,7 @@ class SqlRunStore:
             )
             .values(lease_until=from_now(lease))
         )
-        async with self.database.write() as conn:
-            return bool((await conn.execute(update)).rowcount)
+        return bool(await self.database.write_one(update, {}))
 
     async def stalled(
         self, older_than: float, *, page: int = 500
@@ -784,7 +782,7 @@ class SqlRunStore:
             .values(version=RUNS.version + 1, **values)
             .returning(*RECORD_COLUMNS)
         )
-        async with self.database.write() as conn:
+        async with self.database.alone(write=True) as conn:
             row = (await conn.execute(update)).one_or_none()
         return record_of(row._mapping) if row is not None else None
 
