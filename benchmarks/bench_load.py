@@ -69,6 +69,8 @@ TARGET_WALL_S = 15.0
 TARGET_P99_MS = 50.0
 TARGET_RATE = 100
 TARGET_RSS_MB = 1.0
+SATURATED_P99_MS = 1000.0
+"""A rate whose p99 is past this (at or over the target rate) ends the enqueue steps."""
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -395,23 +397,27 @@ def enqueue_rates(deployment: Deployment, plan: Plan) -> list[dict[str, Any]]:
     try:
         for rate in plan.rates:
             before = cpu_seconds(app.process.pid)
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    str(Path(__file__).resolve()),
-                    "--child-client",
-                    app.url,
-                    "--rate",
-                    str(rate),
-                    "--seconds",
-                    str(plan.rate_seconds),
-                ],
-                env=child_env(),
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=plan.rate_seconds * 10 + 60,
-            )
+            try:
+                done = subprocess.run(
+                    [
+                        sys.executable,
+                        str(Path(__file__).resolve()),
+                        "--child-client",
+                        app.url,
+                        "--rate",
+                        str(rate),
+                        "--seconds",
+                        str(plan.rate_seconds),
+                    ],
+                    env=child_env(),
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=plan.rate_seconds * 10 + 60,
+                )
+            except subprocess.TimeoutExpired:
+                log(f"enqueue {rate}/s: the client did not finish; no higher rate is tried")
+                break
             row = json.loads(done.stdout)
             row["app_cpu_ms_per_request"] = (
                 (cpu_seconds(app.process.pid) - before) / (row["requests"] + 20) * 1e3
@@ -422,6 +428,9 @@ def enqueue_rates(deployment: Deployment, plan: Plan) -> list[dict[str, Any]]:
                 f"{row['app_cpu_ms_per_request']:.2f} ms/request"
             )
             rows.append(row)
+            if row["p99_ms"] > SATURATED_P99_MS and rate >= TARGET_RATE:
+                log(f"enqueue {rate}/s: saturated (p99 over 1 s); no higher rate is tried")
+                break
     finally:
         app.close()
     deployment.forget_runs()
@@ -605,7 +614,11 @@ def target_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render(report: dict[str, Any]) -> str:
+    loads = [report.get("load_average_at_start"), report.get("load_average_at_end")]
     out = [
+        f"Load average (1, 5, 15 min) at the start and the end: {loads[0]} / {loads[1]} on "
+        f"{os.cpu_count()} CPUs: every figure shares the machine with whatever else ran.",
+        "",
         "Enqueue route (`POST /agent/runs`, uvicorn with uvloop and httptools, PostgreSQL and "
         "Redis; an open-loop client in its own process; no worker running):",
         "",
@@ -640,8 +653,14 @@ def render(report: dict[str, Any]) -> str:
         out += [
             "",
             f"Worker memory over {m['runs']} zero-latency runs (RSS in MB after each batch of "
-            f"{m['batch']}): {points}. Growth after the first 1,000 runs: "
-            f"**{m['growth_mb_per_1000']:+.2f} MB per 1,000 runs**.",
+            f"{m['batch']}): {points}. Growth "
+            + (
+                "after the first 1,000 runs"
+                if m["runs"] > 1000
+                else "over all (a short run: no "
+                "warm-up left out, so this is mostly start-up growth)"
+            )
+            + f": **{m['growth_mb_per_1000']:+.2f} MB per 1,000 runs**.",
         ]
     return "\n".join(out)
 
@@ -661,7 +680,11 @@ def main() -> None:
         )
         return
     plan = Plan.of(options.quick)
-    report: dict[str, Any] = {"quick": plan.quick, "plan": plan.__dict__}
+    report: dict[str, Any] = {
+        "quick": plan.quick,
+        "plan": plan.__dict__,
+        "load_average_at_start": os.getloadavg(),
+    }
     started = time.perf_counter()
     with (
         tempfile.TemporaryDirectory() as directory,
@@ -685,6 +708,7 @@ def main() -> None:
         finally:
             deployment.clean_redis()
     report["seconds"] = time.perf_counter() - started
+    report["load_average_at_end"] = os.getloadavg()
     report["targets"] = target_rows(report)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "load.json").write_text(json.dumps(report, indent=2, default=str))
