@@ -217,11 +217,12 @@ async def test_a_workers_poll_reads_only_the_jobs_nobody_runs(arq_redis: ArqRedi
             ids[1].encode(),
             ids[3].encode(),
         ]
-        # other reads are Redis's own
+        # other reads are Redis's own: the upkeep's sweep of the claimed jobs sees them all
         assert await arq_redis.zrangebyscore(queue, min=0, max=1) == [
             ids[0].encode(),
             ids[1].encode(),
         ]
+        assert len(await arq_redis.zrangebyscore(queue, "-inf", 100, start=0, num=10)) == 5
     finally:
         await arq_redis.delete(queue, *(in_progress_key_prefix + job for job in ids))
 

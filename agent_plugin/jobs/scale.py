@@ -90,28 +90,31 @@ def read_startable_jobs(redis: ArqRedis, queue_name: str) -> None:
     worker runs yet (arq still checks and claims each one it starts, as before).
 
     arq reads the queue with ``zrangebyscore(queue, min=-inf, start=offset, num=count,
-    max=now)``; exactly that read (from the head of this queue) is answered by the script,
-    every other call goes to Redis unchanged.
+    max=now)``, all four as keywords; exactly that read (from the head of this queue) is
+    answered by the script, every other call goes to Redis unchanged (the upkeep's sweep of
+    the claimed jobs passes its bounds by position, and must see the running jobs).
     """
     script = redis.register_script(_STARTABLE)
     plain = redis.zrangebyscore
 
     @functools.wraps(plain)
-    async def zrangebyscore(name: Any, min: Any, max: Any, *args: Any, **kwargs: Any) -> Any:
+    async def zrangebyscore(name: Any, *args: Any, **kwargs: Any) -> Any:
+        # arq's poll is the one call that names all four as keywords; every other read
+        # (the upkeep's sweep of the claimed jobs, with positional bounds) goes to Redis
         name_text = name.decode() if isinstance(name, bytes) else name
         count = kwargs.get("num")
         reading_head = (
             name_text == queue_name
-            and min == float("-inf")
             and not args
-            and kwargs.get("start") == 0
+            and set(kwargs) == {"min", "max", "start", "num"}
+            and kwargs["min"] == float("-inf")
+            and kwargs["start"] == 0
             and isinstance(count, int)
-            and set(kwargs) <= {"start", "num"}
         )
         if not reading_head:
-            return await plain(name, min, max, *args, **kwargs)
+            return await plain(name, *args, **kwargs)
         return await script(
-            keys=[queue_name], args=[str(max), int(count or 0), in_progress_key_prefix]
+            keys=[queue_name], args=[str(kwargs["max"]), int(count or 0), in_progress_key_prefix]
         )
 
     redis.zrangebyscore = zrangebyscore  # type: ignore[method-assign]
