@@ -1,6 +1,7 @@
 """A worker running many model-bound runs at once (``agent_plugin/jobs/scale.py``, the default
 ``JobOptions`` and the database pool settings): a real arq worker process on Redis and
-PostgreSQL, and the Redis scripts of the queue against a real Redis."""
+PostgreSQL, the Redis scripts of the queue against a real Redis, and the control watcher's
+periodic check of every run in one transaction."""
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from arq.constants import in_progress_key_prefix
 from arq.jobs import Job
 from sqlalchemy.engine import make_url
 
+from agent_plugin.cancellation import CancelToken
 from agent_plugin.jobs import AGENT_RUN, JobOptions
 from agent_plugin.jobs.redis import dumps, loads, redis_settings
 from agent_plugin.jobs.scale import bound_connections, enqueue_job, read_startable_jobs
+from agent_plugin.live import ControlWatcher
+from agent_plugin.steering import Steering
 from tests.jobs_app import JobsEnv, WorkerProcess, jobs_env, make_app, make_plugin
 from tests.services import REDIS_URL
 from tests.test_canary import drop_database, postgres_database
@@ -248,3 +252,34 @@ async def test_bound_connections_share_a_few_connections_between_many_commands()
     finally:
         await client.aclose(close_connection_pool=True)
         await observer.aclose()
+
+
+async def test_the_watchers_periodic_check_carries_requests_to_every_run_in_one_go() -> None:
+    """Requests whose notice was lost (stored, never published) reach each watched run at
+    the next periodic check, and only the runs they are for."""
+    prefix = f"scale-test-{uuid.uuid4().hex[:8]}:run:"
+    client = aioredis.Redis.from_url(REDIS_URL)
+    watcher = ControlWatcher(client, prefix=prefix, poll=0.1)
+    runs = [f"run{n}" for n in range(30)]
+    tokens = {run: CancelToken() for run in runs}
+    steering = {run: Steering() for run in runs}
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for run in runs:
+                await stack.enter_async_context(watcher.watch(run, tokens[run], steering[run]))
+            await client.set(f"{prefix}run3:cancel", "stop three")
+            await client.rpush(f"{prefix}run7:steer", "turn left", "then right")
+            deadline = time.monotonic() + 10
+            done = False
+            while not done and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                done = tokens["run3"].cancelled and steering["run7"].pending
+        assert [run for run in runs if tokens[run].cancelled] == ["run3"]
+        assert tokens["run3"].reason == "stop three"
+        assert [m.text for m in steering["run7"].drain()] == ["turn left", "then right"]
+        assert [run for run in runs if steering[run].pending] == []
+        assert await client.exists(f"{prefix}run7:steer") == 0
+    finally:
+        await watcher.aclose()
+        await client.delete(f"{prefix}run3:cancel", f"{prefix}run7:steer")
+        await client.aclose()
