@@ -103,6 +103,9 @@ _INT_FIELDS: Final = frozenset(
         "max_run_secs",
         "max_request_bytes",
         "startup_wait_secs",
+        "database_pool_size",
+        "database_max_overflow",
+        "database_pool_timeout_secs",
     }
 )
 _BOOL_FIELDS: Final = frozenset({"prompt_caching"})
@@ -127,6 +130,9 @@ _ACCEPTED: Final[dict[str, str]] = {
     "startup_wait_secs": "a whole number from 0 to 3600",
     "redis_url": "a redis://, rediss:// or unix:// URL",
     "database_url": "an SQLAlchemy URL such as sqlite+aiosqlite:///./agent.db",
+    "database_pool_size": "a whole number from 1 to 1000",
+    "database_max_overflow": "a whole number from 0 to 1000",
+    "database_pool_timeout_secs": "a whole number from 1 to 3600",
     "route_prefix": "a path that starts with '/' and does not end with '/', such as /agent",
     "health_path": "a path that starts with '/' and does not end with '/', such as /health",
     "session_lock": "queue or reject",
@@ -252,6 +258,15 @@ class AgentSettings(BaseSettings):
     )
     redis_url: str = "redis://127.0.0.1:6379/0"
     database_url: str = "sqlite+aiosqlite:///./agent.db"
+    database_pool_size: int = Field(
+        default=10, ge=1, le=1000, description="PostgreSQL connections kept open per process."
+    )
+    database_max_overflow: int = Field(
+        default=10, ge=0, le=1000, description="More PostgreSQL connections opened at a peak."
+    )
+    database_pool_timeout_secs: int = Field(
+        default=30, ge=1, le=3600, description="Wait for a free pooled connection, then 503."
+    )
     route_prefix: str = "/agent"
     health_path: str = "/health"
     session_lock: SessionLockPolicy = Field(

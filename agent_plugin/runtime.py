@@ -341,7 +341,8 @@ class RuntimeSpec:
     :data:`ModelFactory`; ``http_transport`` makes the configured provider's transport.
     ``session_store`` ``None`` and ``memory_store="sql"`` use the SQL stores on
     ``database_url``; ``skill_folders`` are read at opening. ``run_records``: open the run
-    store (background runs are on), with ``pool_size`` database connections.
+    store (background runs are on); ``pool_size`` replaces the settings'
+    ``database_pool_size``.
     ``auto_migrate`` ``None``: migrate SQLite, only check PostgreSQL. ``toolsets`` (MCP
     servers) are started at opening, with those of the settings' ``mcp_servers``.
     ``secrets``: values the app wants redacted by value, beside the configured key and
@@ -561,7 +562,12 @@ def _database_for(spec: RuntimeSpec, settings: AgentSettings) -> Database:
     from agent_plugin.storage import Database
 
     try:
-        return Database(settings.database_url, pool_size=spec.pool_size)
+        return Database(
+            settings.database_url,
+            pool_size=spec.pool_size or settings.database_pool_size,
+            max_overflow=settings.database_max_overflow,
+            pool_timeout=settings.database_pool_timeout_secs,
+        )
     except ImportError as error:
         raise AgentError.config(
             f"the database driver {error.name or error} is not installed (for PostgreSQL: "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["render", "s7_markdown"]
+__all__ = ["render", "s7_markdown", "s8_markdown"]
 
 WHO = {
     "ours": "Agent, default configuration (aiohttp engine), sync tool",
@@ -69,6 +69,7 @@ def render(report: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         ("S5", _s5),
         ("S6", _s6),
         ("S7", _s7),
+        ("S8", _s8),
     ):
         if name in sc:
             lines, found = section(name, sc[name])
@@ -331,3 +332,21 @@ def s7_markdown(data: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
 
     out += [bench_jobs.render(data["report"]), ""]
     return out, data["report"].get("targets") or bench_jobs.target_rows(data["report"])
+
+
+def _s8(name: str, data: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    return s8_markdown(data)
+
+
+def s8_markdown(data: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """S8's section of the report (its tables, or why it did not run) and its target rows."""
+    out = ["## S8: load (enqueue rates, model-bound runs, worker memory)", ""]
+    if "report" not in data:
+        out += [f"Status: {data['status']}.", ""]
+        if data.get("stderr_tail"):
+            out += ["```", data["stderr_tail"], "```", ""]
+        return out, []
+    from benchmarks import bench_load
+
+    out += [bench_load.render(data["report"]), ""]
+    return out, data["report"].get("targets") or bench_load.target_rows(data["report"])

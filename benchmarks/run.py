@@ -16,6 +16,8 @@ measurements much less. The client runs pinned to CPU 0, the server to CPU 1.
       request of a fresh app.
 * S6  session append (``benchmarks/bench_sessions.py``).
 * S7  background runs through one arq worker (:mod:`benchmarks.bench_jobs`, in a subprocess).
+* S8  load: the enqueue route at rising rates, model-bound runs through one and two default
+      workers, a worker's memory over many runs (:mod:`benchmarks.bench_load`, in a subprocess).
 
 Every figure is the **median** of interleaved repeats, with the least and the most beside it;
 a ratio is the median of the ratios of samples taken in the same round of repeats. CPU is
@@ -629,6 +631,35 @@ def s7(quick: bool) -> dict[str, Any]:
     return {"status": "ran", "command": command[1:], "report": json.loads(written.read_text())}
 
 
+# --- S8 ------------------------------------------------------------------------------------------
+
+
+def s8(quick: bool) -> dict[str, Any]:
+    """Runs benchmarks/bench_load.py (uvicorn, arq workers, Redis, PostgreSQL; processes of
+    their own) and keeps the report it writes to results/load.json."""
+    started = time.time()
+    command = [sys.executable, str(HERE / "bench_load.py"), *(["--quick"] if quick else [])]
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=600 if quick else 3600,
+            check=False,
+            env=child_env(),
+        )
+    except subprocess.TimeoutExpired:
+        return {"status": "timed out", "command": command[1:]}
+    written = RESULTS / "load.json"
+    if done.returncode != 0 or not written.exists() or written.stat().st_mtime < started:
+        return {
+            "status": f"failed (exit {done.returncode})",
+            "command": command[1:],
+            "stderr_tail": done.stderr.strip()[-2000:],
+        }
+    return {"status": "ran", "command": command[1:], "report": json.loads(written.read_text())}
+
+
 # --- the server check --------------------------------------------------------------------------
 
 
@@ -789,13 +820,18 @@ async def run_async(plan: Plan, server: ServerProcess, only: set[str]) -> dict[s
     if "S7" in only:
         log("S7: background runs through arq")
         sc["S7"] = s7(plan.quick)
+    if "S8" in only:
+        log("S8: load (enqueue rates, model-bound runs, worker memory)")
+        sc["S8"] = s8(plan.quick)
     return sc
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run the benchmark suite.")
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    parser.add_argument("--only", default="S1,S2,S3,S4,S5,S6,S7", help="scenarios, comma-separated")
+    parser.add_argument(
+        "--only", default="S1,S2,S3,S4,S5,S6,S7,S8", help="scenarios, comma-separated"
+    )
     parser.add_argument("--child-s3", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, help=argparse.SUPPRESS)
@@ -821,7 +857,7 @@ def main() -> None:
     report["seconds"] = time.perf_counter() - started
     markdown, targets = render(report)
     report["targets"] = targets
-    if not only >= {"S1", "S2", "S3", "S4", "S5", "S6", "S7"}:
+    if not only >= {"S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8"}:
         markdown = f"(partial run: only {', '.join(sorted(only))})\n\n" + markdown
     markdown += f"\nSuite took {report['seconds']:.0f} s.\n"
     RESULTS.mkdir(exist_ok=True)

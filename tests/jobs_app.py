@@ -268,6 +268,7 @@ def options_from_env(env: Mapping[str, str] | None = None, **overrides: Any) -> 
         "retry_backoff": float(env.get("JOBS_TEST_RETRY_BACKOFF", "0.2")),
         "poll_delay": 0.05,
         "max_jobs": int(env.get("JOBS_TEST_MAX_JOBS", "10")),
+        "max_redis_connections": int(env.get("JOBS_TEST_MAX_REDIS_CONNECTIONS", "50")),
         "reconcile_every": float(env.get("JOBS_TEST_RECONCILE_EVERY", "60")),
     }
     values.update(overrides)

@@ -342,7 +342,7 @@ async def test_a_run_whose_job_cannot_be_queued_is_not_recorded_and_can_be_enque
 
     _, prompt = plan()
     run_id = new_run_id()  # a follow-up's or a tick's id is derived: the same again
-    monkeypatch.setattr(redis, "enqueue_job", redis_blip)
+    monkeypatch.setattr(redis, "evalsha", redis_blip)  # the enqueue script's one command
     with pytest.raises(AgentError) as caught:
         await served.handle.enqueue(prompt, run_id=run_id)
     assert caught.value.kind is ErrorKind.UNAVAILABLE

@@ -632,17 +632,17 @@ async def test_a_cancel_that_races_a_decision_still_cancels(
     store = SqlRunStore(database)
     run_id, _ = await paused_run(store)
     canceller = make_database()
-    original = canceller.write
+    original = canceller.alone  # the moves' one statement
     raced: list[RunState] = []
 
     @asynccontextmanager
-    async def write_after_a_decision() -> AsyncIterator[Any]:
-        if not raced:
+    async def write_after_a_decision(*, write: bool) -> AsyncIterator[Any]:
+        if write and not raced:
             raced.append(await store.take_paused_state(run_id, [ApprovalDecision.approve("s0")]))
-        async with original() as conn:
+        async with original(write=write) as conn:
             yield conn
 
-    monkeypatch.setattr(canceller, "write", write_after_a_decision)
+    monkeypatch.setattr(canceller, "alone", write_after_a_decision)
     try:
         record = await SqlRunStore(canceller).cancel(run_id, "stop")
     finally:

@@ -34,7 +34,14 @@ class JobOptions:
       Redis (one worker of the fleet checks at a time), and how
       long a queued run must sit unchanged before its missing job counts as lost.
     * ``keep_result``: seconds arq keeps a job's (small) result; the run record stays.
-    * ``max_jobs``, ``poll_delay``: the worker's concurrency and queue polling interval.
+    * ``max_jobs``: how many runs one worker runs at once. A run spends nearly all its time
+      waiting for the model, so the default is sized for waiting, not for CPU: hundreds per
+      process (lower it for runs whose tools use the CPU).
+    * ``poll_delay``: seconds between a worker's reads of the queue; a poll starts as many due
+      runs as the worker has free slots (never rereading the runs that are running).
+    * ``max_redis_connections``: the Redis connections one process opens for its runs, its
+      queue and arq's own work, shared by every run (a command waits for a free one); the
+      event readers of an app and a worker's control watcher hold theirs apart.
     * ``key_prefix``: prefix of the plugin's own Redis keys (session locks, retry counters,
       and under ``{key_prefix}run:`` each run's event stream and control keys).
     * ``events``: publish each background run's events to its Redis stream (read by
@@ -57,8 +64,9 @@ class JobOptions:
     lease: float = 15.0
     reconcile_every: float = 60.0
     keep_result: float = 3600.0
-    max_jobs: int = 10
+    max_jobs: int = 200
     poll_delay: float = 0.5
+    max_redis_connections: int = 50
     key_prefix: str = "agent:"
     events: bool = True
     events_maxlen: int = 1000
@@ -76,6 +84,7 @@ class JobOptions:
             "max_attempts": self.max_attempts >= 1,
             "max_deliveries": self.max_deliveries >= 1,
             "max_jobs": self.max_jobs >= 1,
+            "max_redis_connections": self.max_redis_connections >= 2,
             "lease": self.lease >= 0.3,
             "reconcile_every": self.reconcile_every >= 1,
             "retry_backoff": self.retry_backoff >= 0,

@@ -41,6 +41,7 @@ from agent_plugin.jobs.redis import (
     redis_settings,
     session_busy,
 )
+from agent_plugin.jobs.scale import bound_connections, enqueue_job
 from agent_plugin.live import RunControlChannel, RunEventStream, open_events
 from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.proactive import FollowupPlan
@@ -140,6 +141,7 @@ class RunQueue:
                         job_serializer=dumps,
                         job_deserializer=loads,
                     )
+                    await bound_connections(self._redis, self.options.max_redis_connections)
                 except (TimeoutError, RedisError, OSError) as error:
                     raise redis_error(self.redis_url, error) from None
                 self._owns_redis = True
@@ -220,12 +222,13 @@ class RunQueue:
                     return self.handle(run_id)
             try:
                 async with self._reaching_redis():
-                    await redis.enqueue_job(
+                    await enqueue_job(
+                        redis,
                         AGENT_RUN,
                         run_id,
-                        _job_id=run_id,
-                        _queue_name=self.options.queue_name,
-                        _defer_by=delay if delay else None,
+                        job_id=run_id,
+                        queue_name=self.options.queue_name,
+                        defer_by=delay,
                     )
             except AgentError:
                 if created:  # unrecorded, so a retry (derived run ids too) can enqueue it

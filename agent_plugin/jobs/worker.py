@@ -24,6 +24,7 @@ from agent_plugin.jobs.attempt import Attempt, Done, Superseded, Verdict
 from agent_plugin.jobs.options import JobOptions
 from agent_plugin.jobs.queue import AGENT_RESUME, AGENT_RUN, RunQueue
 from agent_plugin.jobs.redis import OutageRetry, dumps, loads, redis_settings
+from agent_plugin.jobs.scale import bound_connections, read_startable_jobs
 from agent_plugin.jobs.ticks import heartbeat_cron, tick
 from agent_plugin.jobs.upkeep import Upkeep
 from agent_plugin.live import ControlWatcher
@@ -180,6 +181,8 @@ async def start_worker(
         await runtime.aclose()
         raise AgentError.config("background runs are off for this plugin: pass jobs=True")
     redis = ctx["redis"]
+    await bound_connections(redis, options.max_redis_connections)
+    read_startable_jobs(redis, options.queue_name)
     queue = RunQueue(runtime.settings, runtime.runs, options)
     queue.attach(redis)
     upkeep_task = Upkeep(redis, runtime.runs, options)

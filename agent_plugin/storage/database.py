@@ -41,8 +41,12 @@ _ASYNC_DRIVERS: Final = {
 _EXTRAS: Final = {"aiosqlite": "storage", "asyncpg": "postgres"}
 _WRITE_OPTION: Final = "agent_plugin_write"
 _SQLITE_BUSY_TIMEOUT_S: Final = 30.0
-_POOL_SIZE: Final = 5
-"""SQLAlchemy's default number of pooled PostgreSQL connections."""
+_POOL_SIZE: Final = 10
+"""PostgreSQL connections kept open between transactions."""
+_MAX_OVERFLOW: Final = 10
+"""PostgreSQL connections opened beyond the pool at a peak (closed again when returned)."""
+_POOL_TIMEOUT_S: Final = 30.0
+"""Seconds a transaction waits for a pooled connection when all are taken."""
 _PING_AFTER_IDLE_S: Final = 5.0
 """A pooled PostgreSQL connection idle for longer is checked before it is used again."""
 _IDLE_SINCE: Final = "agent_plugin_idle_since"
@@ -69,9 +73,12 @@ class Database:
     of holding a run until its job timeout.
 
     ``pool_size`` is how many PostgreSQL connections stay open between transactions (default
-    5; up to 10 more open while needed, and close again): give it at least the number of
-    runs that go on at once (a worker's ``max_jobs``), or connections are opened and closed
-    all the time.
+    10), ``max_overflow`` how many more open at a peak and close again (default 10), and
+    ``pool_timeout`` how long a transaction waits for a free connection when all are taken
+    (seconds; then ``unavailable``, which background runs retry). A run holds a connection
+    only while it reads or writes its record, a few milliseconds a step, so a pool of ten
+    serves hundreds of concurrent runs: size it for the database's connection limit, not for
+    the runs (``docs/operations/deployment.md``).
     """
 
     def __init__(
@@ -83,6 +90,8 @@ class Database:
         connect_timeout: float = 10.0,
         command_timeout: float | None = 60.0,
         pool_size: int | None = None,
+        max_overflow: int | None = None,
+        pool_timeout: float | None = None,
     ) -> None:
         self.url = _async_url(url)
         self.display_url = self.url.render_as_string(hide_password=True)
@@ -105,7 +114,11 @@ class Database:
             # transaction; _configure_sqlite rolls back only a transaction left open
             pool: dict[str, Any] = {"pool_reset_on_return": None}
         else:
-            pool = {"pool_size": pool_size or _POOL_SIZE}
+            pool = {
+                "pool_size": pool_size or _POOL_SIZE,
+                "max_overflow": _MAX_OVERFLOW if max_overflow is None else max_overflow,
+                "pool_timeout": pool_timeout or _POOL_TIMEOUT_S,
+            }
         with self.errors("open"):
             try:
                 self.engine: AsyncEngine = _create_async_engine(
@@ -123,6 +136,7 @@ class Database:
                     f"cannot use database {self.display_url}: driver {driver!r} is not "
                     f"available{hint}"
                 ) from error
+        self._pool_timeout = float(pool.get("pool_timeout", _POOL_TIMEOUT_S))
         self._writers: asyncio.Lock | None = None
         self._busy_timeout = _SQLITE_BUSY_TIMEOUT_S
         if backend == "sqlite":
@@ -168,6 +182,30 @@ class Database:
                     yield conn
 
     @asynccontextmanager
+    async def alone(self, *, write: bool) -> AsyncIterator[AsyncConnection]:
+        """A connection for one statement in a transaction of its own (the hot single-statement
+        reads and writes: a run's record, its start, its lease, its moves).
+
+        On PostgreSQL the statement commits on its own (autocommit): one round trip instead
+        of three (``BEGIN``, the statement, ``COMMIT``), the same for a single statement. On
+        SQLite it is :meth:`read` or :meth:`write`. Run exactly one statement in it, and read
+        its result inside.
+        """
+        if self.dialect != "postgresql":
+            async with self.write() if write else self.read() as conn:
+                yield conn
+            return
+        with self.errors("write to" if write else "read from"):
+            async with self.engine.connect() as conn:
+                yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    async def write_one(self, statement: sa.Executable, params: dict[str, Any]) -> int:
+        """Run one writing statement in a transaction of its own (:meth:`alone`); the rows
+        it changed."""
+        async with self.alone(write=True) as conn:
+            return (await conn.execute(statement, params)).rowcount
+
+    @asynccontextmanager
     async def _turn_to_write(self) -> AsyncIterator[None]:
         if self._writers is None:
             yield
@@ -207,6 +245,13 @@ class Database:
             raise AgentError(
                 ErrorKind.UNAVAILABLE,
                 f"cannot {action} database {self.display_url}: {self._scrub(error)}",
+            ) from error
+        except exc.TimeoutError as error:  # every pooled connection taken for pool_timeout
+            raise AgentError(
+                ErrorKind.UNAVAILABLE,
+                f"cannot {action} database {self.display_url}: every pooled connection was "
+                f"busy for {self._pool_timeout:.0f} s (raise database_pool_size or "
+                "database_max_overflow, within the server's connection limit)",
             ) from error
         except exc.StatementError as error:  # binding a value failed before the driver ran
             raise AgentError(

@@ -10,7 +10,7 @@ import base64
 import binascii
 import json
 from datetime import datetime
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
 from pydantic import TypeAdapter, ValidationError
@@ -30,6 +30,7 @@ from agent_plugin.text import storable
 T = TypeVar("T")
 
 RUNS: Final = RunRow
+RUN_TABLE: Final = cast(sa.Table, RunRow.__table__)
 CHECKPOINTS: Final = RunCheckpointRow
 
 RUNNABLE: Final = (RunStatus.QUEUED, RunStatus.IN_PROGRESS)
@@ -170,7 +171,47 @@ async def read_status(conn: AsyncConnection, run_id: str) -> str | None:
     return str(status) if status is not None else None
 
 
+CREATE_FIELDS: Final = (
+    "run_id",
+    "origin",
+    "session_id",
+    "memory_scope",
+    "args",
+    "job_id",
+    "created_at",
+    "updated_at",
+)
+"""The values of a new run's record bound at each ``INSERT`` (as ``new_<name>``); with a
+delay, ``delay`` too (seconds)."""
+
+
+def _create_statement(insert: postgresql.Insert | sqlite.Insert, *, delayed: bool) -> sa.Insert:
+    """The ``INSERT`` of a new queued run that does nothing when its run id exists: on the
+    table (not the mapped class: no ORM work per execution), every value a bind parameter."""
+    table = RUN_TABLE
+    bound = {name: sa.bindparam(f"new_{name}", type_=table.c[name].type) for name in CREATE_FIELDS}
+    lease = from_now(sa.bindparam("delay", type_=sa.Float())) if delayed else None
+    return insert.values(
+        **bound,
+        status=RunStatus.QUEUED.value,
+        progress_pct=0,
+        attempt=0,
+        version=0,
+        lease_until=lease,
+    ).on_conflict_do_nothing(index_elements=["run_id"])
+
+
+CREATE: Final = {
+    (dialect, delayed): _create_statement(make(RUN_TABLE), delayed=delayed)
+    for dialect, make in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
+    for delayed in (False, True)
+}
+"""The ``INSERT`` of :meth:`SqlRunStore.create`, built once: by ``(dialect, delayed)``."""
+
+
 def insert_ignoring_duplicates(conn: AsyncConnection) -> sa.Insert:
+    """An ``INSERT`` into the runs that does nothing when the run id exists (a run of a
+    session, whose place in the session's queue is a subquery: not the prebuilt one)."""
     if conn.dialect.name == "postgresql":
         return postgresql.insert(RUNS).on_conflict_do_nothing(index_elements=["run_id"])
     return sqlite.insert(RUNS).on_conflict_do_nothing(index_elements=["run_id"])

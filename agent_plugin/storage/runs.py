@@ -69,6 +69,7 @@ from agent_plugin.storage.run_sql import (
     ARGS,
     ARGS_OF,
     CHECKPOINTS,
+    CREATE,
     DECISIONS,
     GET,
     MAX_PAGE,
@@ -176,6 +177,23 @@ class SqlRunStore:
         _check_text("memory_scope", memory_scope, _NAME_MAX)
         _check_text("job_id", job_id, _NAME_MAX)
         stored_args = _json_args(run_id, args)
+        if session_id is None:  # no place to take in a session: the statement built once
+            now = utcnow()
+            values: dict[str, Any] = {
+                "new_run_id": run_id,
+                "new_origin": origin,
+                "new_session_id": session_id,
+                "new_memory_scope": memory_scope,
+                "new_args": stored_args,
+                "new_job_id": job_id or run_id,
+                "new_created_at": now,
+                "new_updated_at": now,
+            }
+            if not_before:
+                values["delay"] = float(not_before)
+            insert = CREATE[self.database.dialect, bool(not_before)]
+            return await self.database.write_one(insert, values) == 1
+        # a run of a session takes the next place in its session's queue
         for _ in range(_PLACE_TRIES):
             now = utcnow()
             try:
@@ -203,7 +221,7 @@ class SqlRunStore:
 
     async def get(self, run_id: str) -> RunRecord | None:
         """The run's public record, or ``None`` if there is no such run."""
-        async with self.database.read() as conn:
+        async with self.database.alone(write=False) as conn:
             row = (await conn.execute(GET, {"run": run_id})).one_or_none()
         return record_of(row._mapping) if row is not None else None
 
@@ -216,12 +234,11 @@ class SqlRunStore:
             RUNS.status == RunStatus.QUEUED.value,
             RUNS.attempt == 0,
         )
-        async with self.database.write() as conn:
-            return bool((await conn.execute(delete)).rowcount)
+        return bool(await self.database.write_one(delete, {}))
 
     async def args(self, run_id: str) -> dict[str, Any]:
         """The job arguments stored by :meth:`create`; ``NOT_FOUND`` for an unknown run."""
-        async with self.database.read() as conn:
+        async with self.database.alone(write=False) as conn:
             row = (await conn.execute(ARGS_OF, {"run": run_id})).one_or_none()
         if row is None:
             raise not_found(run_id)
@@ -349,7 +366,7 @@ class SqlRunStore:
         statement = STARTS[job_id is not None, not resume]
         for _ in range(_START_TRIES):
             values = {"run": run_id, "now": utcnow(), "job": job_id, "lease": lease or 0.0}
-            async with self.database.write() as conn:
+            async with self.database.alone(write=True) as conn:
                 row = (await conn.execute(statement, values)).one_or_none()
             if row is not None:
                 return record_of(row._mapping)
@@ -398,8 +415,7 @@ class SqlRunStore:
             )
             .values(lease_until=from_now(lease))
         )
-        async with self.database.write() as conn:
-            return bool((await conn.execute(update)).rowcount)
+        return bool(await self.database.write_one(update, {}))
 
     async def stalled(
         self, older_than: float, *, page: int = 500
@@ -918,7 +934,7 @@ class SqlRunStore:
             .values(version=RUNS.version + 1, **values)
             .returning(*RECORD_COLUMNS)
         )
-        async with self.database.write() as conn:
+        async with self.database.alone(write=True) as conn:
             row = (await conn.execute(update)).one_or_none()
         return record_of(row._mapping) if row is not None else None
 

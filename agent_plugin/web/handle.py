@@ -324,5 +324,11 @@ def get_app_agent(request: Request) -> AppAgent:
     return agent
 
 
-AgentHandle = Annotated[AppAgent, Depends(get_app_agent)]
+async def _app_agent(request: Request) -> AppAgent:
+    # async, so FastAPI calls it in the event loop: a plain function dependency is sent to
+    # the thread pool on every request, which costs more than the whole lookup
+    return get_app_agent(request)
+
+
+AgentHandle = Annotated[AppAgent, Depends(_app_agent)]
 """Write ``agent: AgentHandle`` in a route's signature to get the app's agent."""

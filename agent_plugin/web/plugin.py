@@ -307,8 +307,6 @@ class AgentPlugin:
             heartbeat=self.heartbeat,
             followups=self.followup_max_delay,
             run_records=options is not None,
-            # a worker runs up to max_jobs runs at once, each with its own transactions
-            pool_size=options.max_jobs if options is not None else None,
             auto_migrate=self.auto_migrate,
             secrets=self.secrets,
             environ=dict(self._environ) if self._environ is not None else None,

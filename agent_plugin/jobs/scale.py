@@ -1,0 +1,136 @@
+"""What the queue costs in Redis when a worker runs hundreds of runs: one round trip to
+enqueue a job, a poll that reads only the jobs nobody runs, and bounded connection pools.
+
+:func:`enqueue_job` is arq's ``enqueue_job`` (the same job, keys and expiry, and ``None`` when
+the job or its result exists) in one script instead of a ``WATCH`` transaction of three round
+trips.
+
+arq keeps a running job in the queue until it ends, and each poll of a worker with a free slot
+reads the oldest due job ids (running ones first) and checks each in a Redis transaction of
+its own (four round trips) before it starts the first new one. With hundreds of model-bound
+runs per worker that is thousands of round trips a second spent on jobs already running, and
+once the fleet runs more jobs than a poll reads (``queue_read_limit``), a poll finds no new job
+at all. :func:`read_startable_jobs` makes the worker's read answer only the due jobs that
+nobody runs (one script in Redis, one round trip); arq's own checks then run only for those.
+
+:func:`bound_connections` gives a client a blocking pool of at most ``limit`` connections: a
+command waits for a free connection instead of opening one more (redis-py's default pool
+opens one per concurrent command, without bound).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Final
+
+from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
+from arq.jobs import serialize_job
+from arq.utils import timestamp_ms
+from redis.asyncio import BlockingConnectionPool, Redis
+
+__all__ = ["bound_connections", "enqueue_job", "read_startable_jobs"]
+
+logger = logging.getLogger("agent_plugin.jobs")
+
+_ENQUEUE: Final = """
+if redis.call('exists', KEYS[1], KEYS[2]) > 0 then return 0 end
+redis.call('psetex', KEYS[1], ARGV[1], ARGV[2])
+redis.call('zadd', KEYS[3], ARGV[3], ARGV[4])
+return 1
+"""
+"""Put the job ``ARGV[2]`` at ``KEYS[1]`` (expiring in ``ARGV[1]`` ms) and its id ``ARGV[4]``
+on the queue ``KEYS[3]`` with the score ``ARGV[3]``, unless the job or its result (``KEYS[2]``)
+exists: arq's enqueue, atomic as its ``WATCH`` transaction is."""
+
+_STARTABLE: Final = """
+local found = {}
+local want = tonumber(ARGV[2])
+local page = 500
+local offset = 0
+while #found < want do
+  local ids = redis.call('zrangebyscore', KEYS[1], '-inf', ARGV[1], 'LIMIT', offset, page)
+  if #ids == 0 then break end
+  for _, id in ipairs(ids) do
+    if redis.call('exists', ARGV[3] .. id) == 0 then
+      found[#found + 1] = id
+      if #found >= want then break end
+    end
+  end
+  offset = offset + page
+end
+return found
+"""
+"""The due job ids of the queue ``KEYS[1]`` (score at most ``ARGV[1]``), oldest first, up to
+``ARGV[2]`` of them, leaving out those with an in-progress key (prefix ``ARGV[3]``)."""
+
+
+async def enqueue_job(
+    redis: ArqRedis,
+    function: str,
+    *args: Any,
+    job_id: str,
+    queue_name: str,
+    defer_by: float | None = None,
+) -> bool:
+    """Enqueue the arq job ``function(*args)`` as ``job_id`` on ``queue_name``, ``defer_by``
+    seconds from now; ``False`` (nothing done) when that job, or its result, exists."""
+    now = timestamp_ms()
+    score = now + round(defer_by * 1000) if defer_by else now
+    expires = score - now + redis.expires_extra_ms
+    job = serialize_job(function, args, {}, None, now, serializer=redis.job_serializer)
+    keys = [job_key_prefix + job_id, result_key_prefix + job_id, queue_name]
+    script = redis.register_script(_ENQUEUE)  # EVALSHA, loaded on first use
+    return bool(await script(keys=keys, args=[expires, job, score, job_id]))
+
+
+def read_startable_jobs(redis: ArqRedis, queue_name: str) -> None:
+    """Make arq's poll of ``queue_name`` through ``redis`` read only the due jobs that no
+    worker runs yet (arq still checks and claims each one it starts, as before).
+
+    arq reads the queue with ``zrangebyscore(queue, min=-inf, start=offset, num=count,
+    max=now)``, all four as keywords; exactly that read (from the head of this queue) is
+    answered by the script, every other call goes to Redis unchanged (the upkeep's sweep of
+    the claimed jobs passes its bounds by position, and must see the running jobs).
+    """
+    script = redis.register_script(_STARTABLE)
+    plain = redis.zrangebyscore
+
+    @functools.wraps(plain)
+    async def zrangebyscore(name: Any, *args: Any, **kwargs: Any) -> Any:
+        # arq's poll is the one call that names all four as keywords; every other read
+        # (the upkeep's sweep of the claimed jobs, with positional bounds) goes to Redis
+        name_text = name.decode() if isinstance(name, bytes) else name
+        count = kwargs.get("num")
+        reading_head = (
+            name_text == queue_name
+            and not args
+            and set(kwargs) == {"min", "max", "start", "num"}
+            and kwargs["min"] == float("-inf")
+            and kwargs["start"] == 0
+            and isinstance(count, int)
+        )
+        if not reading_head:
+            return await plain(name, *args, **kwargs)
+        return await script(
+            keys=[queue_name], args=[str(kwargs["max"]), int(count or 0), in_progress_key_prefix]
+        )
+
+    redis.zrangebyscore = zrangebyscore  # type: ignore[method-assign]
+
+
+async def bound_connections(redis: Redis, limit: int, *, wait: int = 20) -> None:
+    """Give ``redis`` a blocking pool of at most ``limit`` connections (the same connection
+    settings), so its concurrent commands share them: a command waits up to ``wait``
+    seconds for a free one. The connections of the pool it had are closed."""
+    old = redis.connection_pool
+    if isinstance(old, BlockingConnectionPool) and old.max_connections == limit:
+        return
+    redis.connection_pool = BlockingConnectionPool(
+        max_connections=limit,
+        timeout=wait,
+        connection_class=old.connection_class,
+        **old.connection_kwargs,
+    )
+    await old.disconnect()
