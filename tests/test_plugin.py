@@ -316,12 +316,13 @@ async def test_bad_override_and_bad_env_name_their_source(tmp_path: Path) -> Non
 
 
 async def test_unreachable_database_fails_startup_without_the_password(tmp_path: Path) -> None:
-    environ = {"AGENT_DATABASE_URL": "postgresql+asyncpg://nobody:s3cret-pw@127.0.0.1:1/x"}
+    environ = {
+        "AGENT_DATABASE_URL": "postgresql+asyncpg://nobody:s3cret-pw@127.0.0.1:1/x",
+        "AGENT_STARTUP_WAIT_SECS": "0",  # no waiting for it to come (tests/test_jobs_outages)
+    }
     model = TrackedModel()
     plugin = make_plugin(tmp_path, environ=environ, session_store=None, model=lambda s: model)
-    started = time.monotonic()
     error = await start_error(plugin)
-    assert time.monotonic() - started < 15
     assert "127.0.0.1:1" in error.message
     assert "nobody" in error.message
     assert "s3cret-pw" not in error.message
