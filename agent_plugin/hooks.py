@@ -9,7 +9,7 @@ hooks, no queued message delivered) and ``prepare_next_turn`` (its messages forc
 turn; its settings hold from the next request on, across pauses); ``on_outcome`` once the
 run returns.
 
-Boundaries where a hook may stop the run (``PauseRun`` / ``CancelRun``) [AG-05..AG-07]:
+Boundaries where a hook may stop the run (``PauseRun`` / ``CancelRun``):
 
 * ``before_model`` — before a model request;
 * ``after_model`` — after an assistant turn that asked for tools (the turn is recorded first);

@@ -1,4 +1,4 @@
-"""Step checkpoints: a run writes down its progress as it goes, so a crash costs one call [HV-01].
+"""Step checkpoints: a run writes down its progress as it goes, so a crash costs one call.
 
 A run given a :class:`RunJournal` records, in order:
 
