@@ -11,9 +11,12 @@ One iteration of a run::
                             gate each with the policy, pause for approval, or run the round
                             and append one tool message (final results judged there)
 
-Budgets, truncation, the loop guard, the policy and the output are small objects this module
-calls. :class:`RunLoop` is the mutable state of one run or resume; what it needs of its agent
-is :class:`LoopAgent` (:class:`~agent_plugin.agent.Agent` is one).
+Budgets, the loop guard, the policy and the output are small objects this module calls; the
+messages and their token estimates are a :class:`~agent_plugin.transcript.Transcript`, the
+model call a :class:`~agent_plugin.model_call.ModelCaller`, the turn-level hooks
+:mod:`agent_plugin.turns` and a round of tool calls a :class:`~agent_plugin.rounds.ToolRound`.
+:class:`RunLoop` is the mutable state of one run or resume; what it needs of its agent is
+:class:`LoopAgent` (:class:`~agent_plugin.agent.Agent` is one).
 """
 
 from __future__ import annotations
@@ -21,28 +24,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from pydantic import JsonValue
 
-from agent_plugin.budget import Budget, estimate_message, truncate_history
+from agent_plugin.budget import Budget
 from agent_plugin.cancellation import RunCancelled, until_cancelled
-from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind, PrefixLocked
+from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import (
     ApprovalRequired,
     Compacted,
-    ModelFallback,
     ModelRequestStarted,
     ModelResponded,
-    OutputDelta,
     RunEnded,
     RunStarted,
     Steered,
-    TextDeltaEvent,
-    ThinkingDeltaEvent,
-    ToolCallDeltaEvent,
     TurnEnded,
     TurnStarted,
     pending_approvals,
@@ -51,7 +48,6 @@ from agent_plugin.events import (
 from agent_plugin.hooks import (
     CancelRun,
     HookSet,
-    NextTurn,
     PauseRun,
     RunControl,
     ToolOutput,
@@ -61,16 +57,16 @@ from agent_plugin.logs import run_context
 from agent_plugin.loop_guard import LoopGuard, LoopTracker, Stop, Warn, warning_note
 from agent_plugin.messages import (
     ChatMessage,
-    ContentPart,
     Role,
     TokenUsage,
     ToolCall,
-    ToolCallPart,
     ToolDefinition,
     ToolResult,
     text_of,
     tool_calls_of,
+    unique_call_ids,
 )
+from agent_plugin.model_call import DeadlinePassed, Interrupted, ModelCaller
 from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
@@ -98,20 +94,14 @@ from agent_plugin.providers.base import (
     ChatRequest,
     ChatResponse,
     LlmClient,
-    StreamDone,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallArgumentsDelta,
-    ToolCallStarted,
 )
-from agent_plugin.providers.retry import RetryNotice
-from agent_plugin.retrying import CallRetries
 from agent_plugin.rounds import ToolRound
-from agent_plugin.steering import Steering
 from agent_plugin.tools import (
     ToolRegistry,
     error_payload,
 )
+from agent_plugin.transcript import Transcript
+from agent_plugin.turns import TurnPlan, ask_turn_hooks
 
 if TYPE_CHECKING:  # these load on first use, not with the core
     from agent_plugin.compaction import Compaction
@@ -122,7 +112,6 @@ if TYPE_CHECKING:  # these load on first use, not with the core
         OutputRun,
         Valid,
     )
-    from agent_plugin.providers.base import FallbackNotice
     from agent_plugin.telemetry import Telemetry
 
 
@@ -131,14 +120,6 @@ __all__ = ["LoopAgent", "RunLoop"]
 logger = logging.getLogger("agent_plugin")
 
 _NOT_RUN: Final = error_payload("the run was cancelled before this call ran")
-
-
-class _DeadlinePassed(Exception):
-    pass
-
-
-class _Interrupted(Exception):
-    """An ``interrupt`` message came while the model was asked: ask again with it."""
 
 
 class LoopAgent(Protocol):
@@ -229,32 +210,37 @@ class RunLoop:
         self.journal = options.journal
         self.steering = options.steering
         self.initial_pending = pending or []
-        self.history_length = history_length
         self.session_version = session_version
         self.run_id = run_id
         self.session_id = session_id
-        self.messages = messages
-        self.costs = [estimate_message(m) for m in messages]
-        self.total_cost = sum(self.costs)
+        self.transcript = Transcript(messages, history_length=history_length, folded=folded)
+        self.messages = messages  # the transcript's list, read on every step
         self.usage = usage
         self.steps_used = steps_used
         self.tracker = tracker
         self.cancel = options.cancel
         self.emit = options.on_event
         self.streaming = options.stream
-        self.retries = CallRetries(run_id, self.emit) if self.emit is not None else None
         self.hooks = agent.hook_set
         self.compaction = options.compaction or agent.compaction
-        self.folded = folded
         self.turn_settings = turn_settings
-        self.offered: tuple[ToolDefinition, ...] | None = None
-        """The tools offered under :attr:`turn_settings` (``None``: the agent's, as they are)."""
-        self.system: ChatMessage | None = None  # set by execute(): preparing may need I/O
-        self.base_system: ChatMessage | None = None
-        self.system_cost = 0
+        self.plan = TurnPlan()
+        """The system prompt and the tools offered under :attr:`turn_settings`."""
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.deadline = loop.time() + agent.max_duration if agent.max_duration else None
+        self.caller = ModelCaller(
+            agent.model,
+            run_id=run_id,
+            telemetry=self.telemetry,
+            output=agent.output,
+            streaming=options.stream,
+            emit=self.emit,
+            deadline=self.deadline,
+            cancel=self.cancel,
+            steering=self.steering,
+            refold=self.refold,
+        )
         self.rounds = ToolRound(
             tools=agent.tools,
             hooks=self.hooks,
@@ -328,10 +314,7 @@ class RunLoop:
         self.usage = self.usage + usage
 
     def append(self, message: ChatMessage) -> None:
-        cost = estimate_message(message)
-        self.messages.append(message)
-        self.costs.append(cost)
-        self.total_cost += cost
+        self.transcript.append(message)
 
     def state(self, pending: list[PendingCall]) -> RunState:
         return RunState(
@@ -342,11 +325,11 @@ class RunLoop:
             steps_used=self.steps_used,
             pending=pending,
             recent_calls=self.tracker.recent,
-            history_length=self.history_length,
+            history_length=self.transcript.history_length,
             session_version=self.session_version,
             output=self.agent.output_label,
             output_retries=self.output.retries_used if self.output is not None else 0,
-            folded=self.folded,
+            folded=self.transcript.folded,
             turn_settings=self.turn_settings,
             trace=self.telemetry.carrier(),
         )
@@ -431,8 +414,7 @@ class RunLoop:
         if emit is not None:
             emit(RunStarted(run_id=self.run_id, session_id=self.session_id, resumed=resumed))
         try:
-            self.base_system = self.system = await self.agent.system_message()
-            self.system_cost = estimate_message(self.system) if self.system else 0
+            self.plan.start(await self.agent.system_message())  # per run: may need I/O
             if self.turn_settings is not None:
                 self.settle()
             await self.started(self.initial_pending)
@@ -462,8 +444,8 @@ class RunLoop:
         return AgentTurn(
             outcome=outcome,
             messages=list(self.messages),
-            history_length=self.history_length,
-            folded=self.folded,
+            history_length=self.transcript.history_length,
+            folded=self.transcript.folded,
         )
 
     async def continue_from(self, pending: list[PendingCall]) -> AgentOutcome:
@@ -511,6 +493,7 @@ class RunLoop:
     async def drive(self) -> AgentOutcome:
         agent = self.agent
         budget = agent.budget
+        caller = self.caller
         while True:
             if self.deadline_passed():
                 return self.exhausted("deadline")
@@ -534,13 +517,13 @@ class RunLoop:
                 self.emit(TurnStarted(run_id=self.run_id, step=step))
             request = ChatRequest(
                 messages=history,
-                tools=agent.definitions() if self.offered is None else self.offered,
+                tools=agent.definitions() if self.plan.offered is None else self.plan.offered,
                 response_format=agent.output.response_format if agent.output else None,
                 max_tokens=output_cap,
                 temperature=agent.temperature,
                 deadline=self.deadline,
-                on_retry=self.on_retry if self.emit is not None or self.telemetry.active else None,
-                on_fallback=self.on_fallback,
+                on_retry=caller.on_retry if caller.observes_retries else None,
+                on_fallback=caller.on_fallback,
             )
             if self.turn_settings is not None:
                 request.model = self.turn_settings.model
@@ -563,12 +546,12 @@ class RunLoop:
                     )
                 )
             try:
-                response = await self.answer(request)
-            except _DeadlinePassed:
+                response = await caller.answer(request)
+            except DeadlinePassed:
                 return self.exhausted("deadline")
             except RunCancelled:
                 return self.cancelled()
-            except _Interrupted:
+            except Interrupted:
                 continue  # the message joins at the top, and the model is asked again
             control = None
             for after in hooks.after_model:
@@ -577,7 +560,7 @@ class RunLoop:
             self.usage = self.usage + response.usage
             budget.check_priced(response.usage, response.model or self.telemetry.model)
             overshoot = self.usage.total() > budget.max_tokens
-            content = _with_call_ids(response.content)
+            content = unique_call_ids(response.content)
             calls = tool_calls_of(content)
             message = ChatMessage(role=Role.ASSISTANT, content=content)
             turn_from = len(self.messages)
@@ -630,13 +613,8 @@ class RunLoop:
 
     def history(self, remaining: int) -> tuple[list[ChatMessage], int]:
         """The messages to send and their estimated tokens, within ``remaining``."""
-        system = [self.system] if self.system is not None else []
-        total = self.system_cost + self.total_cost
-        if total <= remaining:
-            return [*system, *self.messages], total
-        costs = [self.system_cost] * len(system) + self.costs
-        history = truncate_history([*system, *self.messages], remaining, costs)
-        return history, sum(estimate_message(m) for m in history)
+        plan = self.plan
+        return self.transcript.window(plan.system, plan.system_cost, remaining)
 
     # --- turn-level hooks ------------------------------------------------------------------
 
@@ -645,34 +623,25 @@ class RunLoop:
     ) -> Literal["stop", "more"] | None:
         """Ask the turn-level hooks about the turn whose messages start at ``start``: ``stop``
         (the run ends), ``more`` (they added messages: another turn) or ``None``."""
-        hooks = self.hooks
         turn = TurnInfo(
             step=step, messages=tuple(self.messages[start:]), usage=usage, run=self.info()
         )
-        for should_stop in hooks.should_stop_after_turn:
-            if await should_stop(turn):
-                return "stop"
-        added: list[ChatMessage] = []
-        settings = self.turn_settings
-        for prepare in hooks.prepare_next_turn:
-            prepared: NextTurn | None = await prepare(turn)
-            if prepared is None:
-                continue
-            if self.agent.locked and (
-                prepared.tools is not None or prepared.system_prompt_addition is not None
-            ):
-                raise PrefixLocked("a prepare_next_turn hook changing the tools or system prompt")
-            added.extend(_user_message(m) for m in prepared.messages)
-            self.turn_settings = _settled(self.turn_settings, prepared)
+        verdict = await ask_turn_hooks(
+            self.hooks, turn, self.turn_settings, locked=self.agent.locked
+        )
+        if verdict.stop:
+            return "stop"
+        changed = verdict.settings if verdict.settings != self.turn_settings else None
+        if changed is not None:
+            self.turn_settings = changed
             self.settle()
-        changed = self.turn_settings if self.turn_settings != settings else None
-        for message in added:
+        for message in verdict.added:
             self.append(message)
-        if self.journal is not None and (added or changed is not None):
+        if self.journal is not None and (verdict.added or changed is not None):
             from agent_plugin.journal import Appended
 
-            await self.journal.record(Appended(messages=added, turn_settings=changed))
-        return "more" if added else None
+            await self.journal.record(Appended(messages=verdict.added, turn_settings=changed))
+        return "more" if verdict.added else None
 
     async def resumed_turn_over(self) -> AgentOutcome | None:
         """The turn-level hooks of the turn a resume finished (its reply came before the
@@ -685,26 +654,12 @@ class RunLoop:
 
     def settle(self) -> None:
         """Apply :attr:`turn_settings` to the system prompt and the tools offered."""
-        settings = self.turn_settings
-        assert settings is not None
-        addition = settings.system_prompt_addition
-        base = self.base_system
-        if addition:
-            text = f"{base.text}\n\n{addition}" if base is not None else addition
-            self.system = ChatMessage.system(text)
-        else:
-            self.system = base
-        self.system_cost = estimate_message(self.system) if self.system is not None else 0
-        names = settings.tools
-        if names is None:
-            self.offered = None
-            return
-        wanted = set(names)
+        assert self.turn_settings is not None
         output = self.output
-        self.offered = tuple(
-            d
-            for d in self.agent.definitions()
-            if d.name in wanted or (output is not None and output.owns(d.name))
+        self.plan.settle(
+            self.turn_settings,
+            self.agent.definitions(),
+            always_offered=output.owns if output is not None else _never,
         )
 
     def stopped(self, text: str, verdict: Valid[Any] | Invalid | None) -> AgentOutcome:
@@ -741,83 +696,29 @@ class RunLoop:
             return Cancelled(reason=control.reason, steps_used=self.steps_used, usage=self.usage)
         return Paused(reason=control.reason, state=self.state(pending))
 
-    def on_retry(self, notice: RetryNotice) -> None:
-        self.telemetry.retried(notice)
-        if self.retries is not None:
-            self.retries.scheduled(notice)
-
-    def on_fallback(self, notice: FallbackNotice) -> None:
-        self.telemetry.fell_back(notice)
-        if self.emit is not None:
-            self.emit(
-                ModelFallback(
-                    run_id=self.run_id,
-                    from_model=notice.from_model,
-                    to_model=notice.to_model,
-                    error=notice.error.info(),
-                )
-            )
-
     # --- the model call --------------------------------------------------------------------
 
-    async def answer(self, request: ChatRequest) -> ChatResponse:
-        """The model's reply to ``request``: its retries closed by their end event, and a
-        context overflow met by folding the history once and asking again."""
-        retries = self.retries
-        steering = self.steering
-        folded = False
-        while True:
-            try:
-                call = self.call_model(request)
-                if steering is None:
-                    response = await call
-                else:
-                    response = await self.interruptible(call, steering)
-            except (_DeadlinePassed, RunCancelled, _Interrupted) as stop:
-                if retries is not None:
-                    retries.failed(
-                        None, "deadline" if isinstance(stop, _DeadlinePassed) else "cancelled"
-                    )
-                raise
-            except AgentError as error:
-                if retries is not None:
-                    retries.failed(error)
-                if folded or error.kind is not ErrorKind.CONTEXT_TOO_LONG:
-                    raise
-                if not await self.fold_history():
-                    raise
-                folded = True
-                # the same request with the folded history (a hook's edits to it are not kept)
-                request.messages = self.history(self.agent.budget.remaining(self.usage))[0]
-                continue
-            if retries is not None:
-                retries.succeeded()
-            return response
-
-    async def interruptible(
-        self, call: Awaitable[ChatResponse], steering: Steering
-    ) -> ChatResponse:
-        """``call``, abandoned when an ``interrupt`` message comes first."""
-        try:
-            return await until_cancelled(call, steering.interrupt)
-        except RunCancelled:
-            if self.cancel is not None and self.cancel.cancelled:
-                raise
-            raise _Interrupted from None
+    async def refold(self) -> list[ChatMessage] | None:
+        """Fold the history after a context overflow: the messages to send instead, or
+        ``None`` when it cannot be folded."""
+        if not await self.fold_history():
+            return None
+        return self.history(self.agent.budget.remaining(self.usage))[0]
 
     async def fold_history(self) -> bool:
         """Fold the head of the history the run was given into one summary (the run's own
         messages are kept); ``False`` when there is no compaction or nothing to fold."""
         compaction = self.compaction
-        if compaction is None or self.history_length < 1 or self.agent.locked:
+        transcript = self.transcript
+        if compaction is None or transcript.history_length < 1 or self.agent.locked:
             return False  # (a locked agent's history is fixed: the error is raised)
-        from agent_plugin.compaction import summary_message
-        from agent_plugin.outcomes import CompactionReport, Folded
-
         try:
             result = await until_cancelled(
                 compaction.compact(
-                    self.agent.model, self.messages, force=True, keep_from=self.history_length
+                    self.agent.model,
+                    self.messages,
+                    force=True,
+                    keep_from=transcript.history_length,
                 ),
                 self.cancel,
             )
@@ -826,97 +727,20 @@ class RunLoop:
             return False
         if result is None:
             return False
-        split = result.split
-        before = self.folded.report.summarized_messages - 1 if self.folded is not None else 0
-        self.messages[:split] = [summary_message(result.summary)]
-        self.costs[:split] = [estimate_message(self.messages[0])]
-        self.total_cost = sum(self.costs)
-        self.history_length -= split - 1
+        transcript.fold(result)
         report = result.report
-        self.folded = Folded(
-            summary=result.summary,
-            report=CompactionReport(
-                summarized_messages=before + split,
-                tokens_before=report.tokens_before,
-                tokens_after=report.tokens_after,
-                usage=report.usage,
-            ),
-        )
         if self.emit is not None:
             self.emit(
                 Compacted(
                     run_id=self.run_id,
                     session_id=self.session_id,
                     reason="overflow",
-                    summarized_messages=split,
+                    summarized_messages=result.split,
                     tokens_before=report.tokens_before,
                     tokens_after=report.tokens_after,
                 )
             )
         return True
-
-    def call_model(self, request: ChatRequest) -> Awaitable[ChatResponse]:
-        """The model call, bounded by the deadline and the cancel token when the run has them
-        (without them, the client's own call: a coroutine fewer alive across the call)."""
-        call: Awaitable[ChatResponse] = self.telemetry.chat(
-            self.consume_stream(request) if self.streaming else self.agent.model.chat(request),
-            request,
-        )
-        if self.deadline is None and self.cancel is None:
-            return call
-        return self.bounded_call(call)
-
-    async def bounded_call(self, call: Awaitable[ChatResponse]) -> ChatResponse:
-        try:
-            async with asyncio.timeout_at(self.deadline):
-                return await until_cancelled(call, self.cancel)
-        except TimeoutError:
-            if self.deadline_passed():
-                raise _DeadlinePassed from None
-            raise
-
-    async def consume_stream(self, request: ChatRequest) -> ChatResponse:
-        emit = self.emit
-        output = self.agent.output
-        partial = None
-        if output is not None and output.typed:
-            from agent_plugin.output import OutputStream
-
-            partial = OutputStream(output)
-        events = self.agent.model.stream(request)
-        try:
-            async for event in events:
-                if isinstance(event, StreamDone):
-                    return event.response
-                if emit is None:
-                    continue
-                grown = None
-                if isinstance(event, TextDelta):
-                    emit(TextDeltaEvent(run_id=self.run_id, text=event.text))
-                    grown = partial.text_fragment(event.text) if partial is not None else None
-                elif isinstance(event, ThinkingDelta):
-                    emit(ThinkingDeltaEvent(run_id=self.run_id, text=event.text))
-                elif isinstance(event, ToolCallStarted):
-                    emit(
-                        ToolCallDeltaEvent(
-                            run_id=self.run_id, index=event.index, call_id=event.id, name=event.name
-                        )
-                    )
-                    if partial is not None:
-                        partial.call_started(event.index, event.name)
-                elif isinstance(event, ToolCallArgumentsDelta) and partial is not None:
-                    grown = partial.call_fragment(event.index, event.fragment)
-                if isinstance(grown, tuple):
-                    emit(OutputDelta(run_id=self.run_id, choice=grown[0], partial=grown[1]))
-        finally:
-            # closed here, at once: left to the event loop's finalizer, an unfinished async
-            # generator costs a wake-up of the loop and a task of its own per model call
-            close = getattr(events, "aclose", None)
-            if close is not None:
-                await close()
-        raise AgentError.decode(
-            f"the {self.agent.model.provider_name} stream ended without a final response"
-        )
 
     # --- tool rounds ---------------------------------------------------------------------
 
@@ -1074,52 +898,8 @@ def _finished(output: ToolOutput) -> Finished:
     return Finished(content=output.content, is_error=output.is_error)
 
 
-def _with_call_ids(content: list[ContentPart]) -> list[ContentPart]:
-    """``content`` with a fresh id for every tool call whose id is empty or repeated.
-
-    Some servers (Gemini's OpenAI-compatible endpoint) send ``""``; results are matched to
-    calls by id, so each call of a turn needs its own.
-    """
-    seen: set[str] = set()
-    fixed: list[ContentPart] | None = None
-    for index, part in enumerate(content):
-        if not isinstance(part, ToolCallPart):
-            continue
-        call = part.tool_call
-        if call.id and call.id not in seen:
-            seen.add(call.id)
-            continue
-        if fixed is None:
-            fixed = list(content)
-        new_id = f"call_{secrets.token_hex(6)}"
-        seen.add(new_id)
-        fixed[index] = ToolCallPart(tool_call=call.model_copy(update={"id": new_id}))
-    return content if fixed is None else fixed
-
-
-def _user_message(message: str | ChatMessage) -> ChatMessage:
-    if isinstance(message, str):
-        return ChatMessage.user(message)
-    if message.role is not Role.USER:
-        raise AgentError.config(
-            f"prepare_next_turn adds user messages, got a {message.role.value} message"
-        )
-    return message
-
-
-def _settled(settings: TurnSettings | None, prepared: NextTurn) -> TurnSettings:
-    """``settings`` with what ``prepared`` sets (``None`` fields keep theirs)."""
-    current = settings or TurnSettings()
-    changes: dict[str, Any] = {}
-    if prepared.model is not None:
-        changes["model"] = prepared.model
-    if prepared.tools is not None:
-        changes["tools"] = list(prepared.tools)
-    if prepared.system_prompt_addition is not None:
-        changes["system_prompt_addition"] = prepared.system_prompt_addition or None
-    if prepared.extra_body is not None:
-        changes["extra_body"] = dict(prepared.extra_body)
-    return current.model_copy(update=changes) if changes else current
+def _never(name: str) -> bool:
+    return False
 
 
 def _plain(content: str) -> str:

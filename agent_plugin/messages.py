@@ -8,6 +8,7 @@ arq job result and comes back equal.
 
 from __future__ import annotations
 
+import secrets
 from enum import StrEnum
 from typing import Annotated, Any, Final, TypeAlias
 
@@ -41,6 +42,7 @@ __all__ = [
     "repair_transcript",
     "text_of",
     "tool_calls_of",
+    "unique_call_ids",
 ]
 
 TOKEN_MAX: Final = 2**32 - 1
@@ -364,3 +366,26 @@ def _unanswered_parts(calls: list[ToolCall]) -> list[ToolResultPart]:
         )
         for c in calls
     ]
+
+
+def unique_call_ids(content: list[ContentPart]) -> list[ContentPart]:
+    """``content`` with a fresh id for every tool call whose id is empty or repeated.
+
+    Some servers (Gemini's OpenAI-compatible endpoint) send ``""``; results are matched to
+    calls by id, so each call of a turn needs its own.
+    """
+    seen: set[str] = set()
+    fixed: list[ContentPart] | None = None
+    for index, part in enumerate(content):
+        if not isinstance(part, ToolCallPart):
+            continue
+        call = part.tool_call
+        if call.id and call.id not in seen:
+            seen.add(call.id)
+            continue
+        if fixed is None:
+            fixed = list(content)
+        new_id = f"call_{secrets.token_hex(6)}"
+        seen.add(new_id)
+        fixed[index] = ToolCallPart(tool_call=call.model_copy(update={"id": new_id}))
+    return content if fixed is None else fixed

@@ -1,0 +1,181 @@
+"""Asking the model, as a run does: bounded, interruptible, its retries closed, overflow met.
+
+A run's model call is the client's own call (or its stream, read to the end), bounded by the
+run's deadline and cancel token when it has them, abandoned when an ``interrupt`` message
+comes first, and answered by one fold of the history when the provider says the context is
+too long. Every ``retry_scheduled`` event the call caused gets its end event here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
+from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.events import ModelFallback
+from agent_plugin.messages import ChatMessage
+from agent_plugin.model_stream import read_stream
+from agent_plugin.options import EventSink
+from agent_plugin.providers.base import ChatRequest, ChatResponse, LlmClient
+from agent_plugin.providers.retry import RetryNotice
+from agent_plugin.retrying import CallRetries
+from agent_plugin.steering import Steering
+
+if TYPE_CHECKING:
+    from agent_plugin.output import Output
+    from agent_plugin.providers.base import FallbackNotice
+    from agent_plugin.telemetry import RunTelemetry
+
+__all__ = ["DeadlinePassed", "Interrupted", "ModelCaller"]
+
+
+class DeadlinePassed(Exception):
+    """The run's deadline passed during the model call."""
+
+
+class Interrupted(Exception):
+    """An ``interrupt`` message came while the model was asked: ask again with it."""
+
+
+Refold = Callable[[], Awaitable[list[ChatMessage] | None]]
+"""Fold the run's history and return the messages to send instead (``None``: it cannot)."""
+
+
+class ModelCaller:
+    """How one run asks its model (see the module's docstring)."""
+
+    __slots__ = (
+        "cancel",
+        "deadline",
+        "emit",
+        "model",
+        "output",
+        "refold",
+        "retries",
+        "run_id",
+        "steering",
+        "streaming",
+        "telemetry",
+    )
+
+    def __init__(
+        self,
+        model: LlmClient,
+        *,
+        run_id: str,
+        telemetry: RunTelemetry,
+        output: Output[Any] | None,
+        streaming: bool,
+        emit: EventSink | None,
+        deadline: float | None,
+        cancel: CancelToken | None,
+        steering: Steering | None,
+        refold: Refold,
+    ) -> None:
+        self.model = model
+        self.run_id = run_id
+        self.telemetry = telemetry
+        self.output = output
+        self.streaming = streaming
+        self.emit = emit
+        self.deadline = deadline
+        self.cancel = cancel
+        self.steering = steering
+        self.refold = refold
+        self.retries = CallRetries(run_id, emit) if emit is not None else None
+
+    @property
+    def observes_retries(self) -> bool:
+        """Whether a retry is told to anyone (else the request carries no callback)."""
+        return self.emit is not None or self.telemetry.active
+
+    async def answer(self, request: ChatRequest) -> ChatResponse:
+        """The model's reply to ``request``: its retries closed by their end event, and a
+        context overflow met by folding the history once and asking again.
+
+        Raises :class:`DeadlinePassed`, :class:`Interrupted` or
+        :class:`~agent_plugin.cancellation.RunCancelled` when the call was stopped.
+        """
+        retries = self.retries
+        steering = self.steering
+        folded = False
+        while True:
+            try:
+                call = self.call(request)
+                if steering is None:
+                    response = await call
+                else:
+                    response = await self.interruptible(call, steering)
+            except (DeadlinePassed, RunCancelled, Interrupted) as stop:
+                if retries is not None:
+                    retries.failed(
+                        None, "deadline" if isinstance(stop, DeadlinePassed) else "cancelled"
+                    )
+                raise
+            except AgentError as error:
+                if retries is not None:
+                    retries.failed(error)
+                if folded or error.kind is not ErrorKind.CONTEXT_TOO_LONG:
+                    raise
+                messages = await self.refold()
+                if messages is None:
+                    raise
+                folded = True
+                # the same request with the folded history (a hook's edits to it are not kept)
+                request.messages = messages
+                continue
+            if retries is not None:
+                retries.succeeded()
+            return response
+
+    def call(self, request: ChatRequest) -> Awaitable[ChatResponse]:
+        """The model call, bounded by the deadline and the cancel token when the run has them
+        (without them, the client's own call: a coroutine fewer alive across the call)."""
+        call: Awaitable[ChatResponse] = self.telemetry.chat(
+            read_stream(self.model, request, run_id=self.run_id, emit=self.emit, output=self.output)
+            if self.streaming
+            else self.model.chat(request),
+            request,
+        )
+        if self.deadline is None and self.cancel is None:
+            return call
+        return self.bounded(call)
+
+    async def bounded(self, call: Awaitable[ChatResponse]) -> ChatResponse:
+        try:
+            async with asyncio.timeout_at(self.deadline):
+                return await until_cancelled(call, self.cancel)
+        except TimeoutError:
+            if self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline:
+                raise DeadlinePassed from None
+            raise
+
+    async def interruptible(
+        self, call: Awaitable[ChatResponse], steering: Steering
+    ) -> ChatResponse:
+        """``call``, abandoned when an ``interrupt`` message comes first."""
+        try:
+            return await until_cancelled(call, steering.interrupt)
+        except RunCancelled:
+            if self.cancel is not None and self.cancel.cancelled:
+                raise
+            raise Interrupted from None
+
+    def on_retry(self, notice: RetryNotice) -> None:
+        self.telemetry.retried(notice)
+        if self.retries is not None:
+            self.retries.scheduled(notice)
+
+    def on_fallback(self, notice: FallbackNotice) -> None:
+        self.telemetry.fell_back(notice)
+        if self.emit is not None:
+            self.emit(
+                ModelFallback(
+                    run_id=self.run_id,
+                    from_model=notice.from_model,
+                    to_model=notice.to_model,
+                    error=notice.error.info(),
+                )
+            )
