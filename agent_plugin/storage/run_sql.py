@@ -17,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import aliased
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
@@ -316,3 +317,42 @@ def read_cursor(cursor: str) -> tuple[datetime, str]:
     except (ValueError, TypeError, binascii.Error, UnicodeError):
         raise AgentError(ErrorKind.INVALID, "cursor is not one a listing of runs gave") from None
     return moment, run_id
+
+
+# --- a session's queue ----------------------------------------------------------------------
+
+PLACE_TRIES: Final = 5
+"""Tries to give a run the next place in its session's queue (two enqueued at once on
+PostgreSQL may compute the same one; the unique index refuses the second)."""
+
+
+def next_in_session(session_id: str | None) -> sa.ColumnElement[int] | None:
+    """The next place in the session's queue (``None`` for a run without a session)."""
+    if session_id is None:
+        return None
+    others = aliased(RUNS)
+    return (
+        sa.select(sa.func.coalesce(sa.func.max(others.session_seq), 0) + 1)
+        .where(others.session_id == session_id)
+        .scalar_subquery()
+    )
+
+
+def kept_changing(run_id: str, action: str) -> AgentError:
+    return AgentError(
+        ErrorKind.CONFLICT,
+        f"run {run_id}: its session kept changing while it was {action}; try again",
+    )
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+NAME_MAX: Final = 255
+"""The longest session id, memory scope or job id a record takes."""
+
+
+def check_text(name: str, value: str | None, limit: int, *, required: bool = False) -> None:
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or not value or len(value) > limit:
+        raise AgentError.config(f"{name} must be a non-empty string of at most {limit} characters")

@@ -59,38 +59,41 @@ from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import OutcomeSummary
 from agent_plugin.journal import JournalEntry
 from agent_plugin.messages import TokenUsage
-from agent_plugin.outcomes import AgentOutcome, ApprovalDecision, AwaitingApproval, Paused, RunState
+from agent_plugin.outcomes import AgentOutcome, AwaitingApproval, Paused
 from agent_plugin.records import RunPage, RunRecord, RunStatus, status_of
 from agent_plugin.storage.checkpoints import ProgressRule, SqlRunJournal, decode_entry
 from agent_plugin.storage.database import Database
 from agent_plugin.storage.leased_journal import LeasedRunJournal, Persist
 from agent_plugin.storage.models import utcnow
+from agent_plugin.storage.run_approvals import PausedRuns
 from agent_plugin.storage.run_sql import (
     ARGS,
     ARGS_OF,
     CHECKPOINTS,
     CREATE,
-    DECISIONS,
     GET,
     MAX_PAGE,
+    NAME_MAX,
+    PLACE_TRIES,
     PROGRESS,
     PROGRESS_FORWARD,
     RECORD_COLUMNS,
     RUNNABLE,
     RUNS,
     STARTS,
-    STATE,
     SUMMARY,
     as_text,
+    check_text,
     conflict_error,
     database_now,
     decode_error,
     decode_json,
     from_now,
     insert_ignoring_duplicates,
+    kept_changing,
     make_cursor,
+    next_in_session,
     not_found,
-    not_paused,
     progress_values,
     read_cursor,
     read_status,
@@ -100,7 +103,6 @@ from agent_plugin.storage.run_sql import (
 __all__ = ["SessionActivity", "SqlRunJournal", "SqlRunStore", "StalledRun", "database_now"]
 
 _RUN_ID_MAX: Final = 64
-_NAME_MAX: Final = 255
 _ORIGIN_MAX: Final = 64
 
 T = TypeVar("T")
@@ -109,9 +111,6 @@ T = TypeVar("T")
 _CANCELLABLE: Final = (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL)
 _CANCEL_TRIES: Final = 3
 _START_TRIES: Final = 3
-_PLACE_TRIES: Final = 5
-"""Tries to give a run the next place in its session's queue (two enqueued at once on
-PostgreSQL may compute the same one; the unique index refuses the second)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +134,7 @@ class StalledRun:
     updated_at: datetime
 
 
-class SqlRunStore:
+class SqlRunStore(PausedRuns):
     """Run records and step checkpoints in the plugin's tables, through a shared
     :class:`Database`.
 
@@ -172,10 +171,10 @@ class SqlRunStore:
         run before then). Enqueueing the same run twice is a no-op.
         """
         _check_run_id(run_id)
-        _check_text("origin", origin, _ORIGIN_MAX, required=True)
-        _check_text("session_id", session_id, _NAME_MAX)
-        _check_text("memory_scope", memory_scope, _NAME_MAX)
-        _check_text("job_id", job_id, _NAME_MAX)
+        check_text("origin", origin, _ORIGIN_MAX, required=True)
+        check_text("session_id", session_id, NAME_MAX)
+        check_text("memory_scope", memory_scope, NAME_MAX)
+        check_text("job_id", job_id, NAME_MAX)
         stored_args = _json_args(run_id, args)
         if session_id is None:  # no place to take in a session: the statement built once
             now = utcnow()
@@ -194,7 +193,7 @@ class SqlRunStore:
             insert = CREATE[self.database.dialect, bool(not_before)]
             return await self.database.write_one(insert, values) == 1
         # a run of a session takes the next place in its session's queue
-        for _ in range(_PLACE_TRIES):
+        for _ in range(PLACE_TRIES):
             now = utcnow()
             try:
                 async with self.database.write() as conn:
@@ -217,7 +216,7 @@ class SqlRunStore:
                     return (await conn.execute(insert)).rowcount == 1
             except exc.IntegrityError:  # a run of the session enqueued at the same moment
                 continue  # took the place: take the next one
-        raise _kept_changing(run_id, "enqueued")
+        raise kept_changing(run_id, "enqueued")
 
     async def get(self, run_id: str) -> RunRecord | None:
         """The run's public record, or ``None`` if there is no such run."""
@@ -630,125 +629,6 @@ class SqlRunStore:
             ErrorKind.CONFLICT, f"run {run_id} kept changing while being cancelled; try again"
         )
 
-    # --- approvals -------------------------------------------------------------------------
-
-    async def take_paused_state(
-        self, run_id: str, decisions: Sequence[ApprovalDecision], *, job_id: str | None = None
-    ) -> RunState:
-        """Accept reviewers' decisions for a paused run: ``awaiting_approval`` -> ``queued``.
-
-        Every decision must name a call that awaits approval, at most once; otherwise
-        ``CONFLICT`` listing the awaiting call ids, and nothing changes. A run that is not
-        paused: ``CONFLICT`` (``run <id> is <status>, not awaiting approval``), so a second
-        request for the same pause is refused: a decision is accepted once. Unknown run:
-        ``NOT_FOUND``. Returns the stored state; the decisions are stored with the record for
-        the resume job (:meth:`pending_resume`), whose arq job id is ``job_id`` (from then on
-        only that job's deliveries may start the run; ``None``: any delivery of the resume).
-        """
-        decided = list(decisions)
-        async with self.database.read() as conn:
-            head = (
-                await conn.execute(
-                    sa.select(RUNS.status, RUNS.version, as_text(RUNS.state)).where(
-                        RUNS.run_id == run_id
-                    )
-                )
-            ).one_or_none()
-        if head is None:
-            raise not_found(run_id)
-        status, version, state_text = head
-        if status != RunStatus.AWAITING_APPROVAL.value:
-            raise not_paused(run_id, status)
-        state = decode_json(run_id, "state", state_text, STATE)
-        if state is None:
-            raise decode_error(run_id, "state", "a paused run has no stored state")
-        _check_decisions(run_id, state, decided)
-        _check_text("job_id", job_id, _NAME_MAX)
-        session_id = await self._session_of(run_id)
-        update = (
-            sa.update(RUNS)
-            .where(RUNS.run_id == run_id, RUNS.version == version)
-            .values(
-                status=RunStatus.QUEUED.value,
-                version=version + 1,
-                decisions=[d.model_dump(mode="json") for d in decided],
-                outcome=sa.null(),
-                job_id=job_id,
-                lease_until=sa.null(),
-                session_seq=next_in_session(session_id),  # the resume queues behind the rest
-                updated_at=utcnow(),
-            )
-        )
-        for _ in range(_PLACE_TRIES):
-            try:
-                async with self.database.write() as conn:
-                    if (await conn.execute(update)).rowcount == 1:
-                        return state
-                    now_status = await read_status(conn, run_id)
-                break
-            except exc.IntegrityError:  # another run of the session took that place: again
-                continue
-        else:
-            raise _kept_changing(run_id, "resumed")
-        if now_status is None:
-            raise not_found(run_id)
-        if now_status == RunStatus.AWAITING_APPROVAL.value:
-            raise AgentError(
-                ErrorKind.CONFLICT,
-                f"run {run_id} paused again while the decisions were checked; "
-                "read it again and decide on the calls it awaits now",
-            )
-        raise not_paused(run_id, now_status)
-
-    async def _session_of(self, run_id: str) -> str | None:
-        async with self.database.read() as conn:
-            return await conn.scalar(sa.select(RUNS.session_id).where(RUNS.run_id == run_id))
-
-    async def return_paused_state(self, run_id: str, outcome: OutcomeSummary | None) -> bool:
-        """Undo :meth:`take_paused_state` when the resume could not be queued: the run awaits
-        approval again, with ``outcome`` (its summary before) and no decisions, so reviewers can
-        decide again. ``False`` when the run is no longer queued with decisions (nothing
-        changes then)."""
-        update = (
-            sa.update(RUNS)
-            .where(
-                RUNS.run_id == run_id,
-                RUNS.status == RunStatus.QUEUED.value,
-                RUNS.decisions.is_not(None),
-            )
-            .values(
-                status=RunStatus.AWAITING_APPROVAL.value,
-                version=RUNS.version + 1,
-                decisions=sa.null(),
-                job_id=sa.null(),
-                outcome=outcome.model_dump(mode="json") if outcome is not None else sa.null(),
-                updated_at=utcnow(),
-            )
-        )
-        async with self.database.write() as conn:
-            return bool((await conn.execute(update)).rowcount)
-
-    async def pending_resume(self, run_id: str) -> tuple[RunState, list[ApprovalDecision]] | None:
-        """The paused state and the decisions accepted for it, until the resume finishes.
-
-        ``None`` when no decision is waiting to be resumed (or there is no such run).
-        """
-        async with self.database.read() as conn:
-            row = (
-                await conn.execute(
-                    sa.select(as_text(RUNS.state), as_text(RUNS.decisions)).where(
-                        RUNS.run_id == run_id
-                    )
-                )
-            ).one_or_none()
-        if row is None:
-            return None
-        state = decode_json(run_id, "state", row[0], STATE)
-        decided = decode_json(run_id, "decisions", row[1], DECISIONS)
-        if state is None or decided is None:
-            return None
-        return state, decided
-
     # --- step checkpoints ------------------------------------------------------------------
 
     def journal(
@@ -939,37 +819,11 @@ class SqlRunStore:
         return record_of(row._mapping) if row is not None else None
 
 
-def next_in_session(session_id: str | None) -> sa.ColumnElement[int] | None:
-    """The next place in the session's queue (``None`` for a run without a session)."""
-    if session_id is None:
-        return None
-    others = aliased(RUNS)
-    return (
-        sa.select(sa.func.coalesce(sa.func.max(others.session_seq), 0) + 1)
-        .where(others.session_id == session_id)
-        .scalar_subquery()
-    )
-
-
-def _kept_changing(run_id: str, action: str) -> AgentError:
-    return AgentError(
-        ErrorKind.CONFLICT,
-        f"run {run_id}: its session kept changing while it was {action}; try again",
-    )
-
-
 # --- checks --------------------------------------------------------------------------------
 
 
 def _check_run_id(run_id: str) -> None:
-    _check_text("run_id", run_id, _RUN_ID_MAX, required=True)
-
-
-def _check_text(name: str, value: str | None, limit: int, *, required: bool = False) -> None:
-    if value is None and not required:
-        return
-    if not isinstance(value, str) or not value or len(value) > limit:
-        raise AgentError.config(f"{name} must be a non-empty string of at most {limit} characters")
+    check_text("run_id", run_id, _RUN_ID_MAX, required=True)
 
 
 def _json_args(run_id: str, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -982,44 +836,3 @@ def _json_args(run_id: str, args: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise AgentError.config(f"run {run_id!r}: the job arguments must be a JSON object")
     return data
-
-
-def _check_decisions(run_id: str, state: RunState, decisions: list[ApprovalDecision]) -> None:
-    awaiting = [p.call.id for p in state.awaiting()]
-    waiting = _listed(awaiting) if awaiting else "none"
-    if len(decisions) > len(awaiting):
-        raise AgentError(
-            ErrorKind.CONFLICT,
-            f"run {run_id!r}: {len(decisions)} decisions for {len(awaiting)} call(s) awaiting "
-            f"approval; give at most one per call (awaiting: {waiting})",
-        )
-    waits = set(awaiting)
-    seen: set[str] = set()
-    unknown: list[str] = []
-    twice: list[str] = []
-    for decision in decisions:
-        if decision.call_id not in waits:
-            unknown.append(decision.call_id)
-        elif decision.call_id in seen:
-            twice.append(decision.call_id)
-        seen.add(decision.call_id)
-    if unknown:
-        raise AgentError(
-            ErrorKind.CONFLICT,
-            f"run {run_id!r}: no call awaits approval with id {_listed(unknown)}; "
-            f"awaiting: {waiting}",
-        )
-    if twice:
-        raise AgentError(
-            ErrorKind.CONFLICT,
-            f"run {run_id!r}: more than one decision for {_listed(twice)}; "
-            f"give one decision per call (awaiting: {waiting})",
-        )
-
-
-def _listed(ids: Sequence[str], most: int = 5) -> str:
-    """``ids`` for an error message: the first ``most`` (each cut at 80 characters), then how
-    many more, so a message stays short whatever a client sent."""
-    shown = [i if len(i) <= 80 else i[:80] + "…" for i in ids[:most]]
-    more = f" and {len(ids) - most} more" if len(ids) > most else ""
-    return ", ".join(shown) + more
