@@ -23,7 +23,8 @@ from agent_plugin.messages import TokenUsage
 from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import AwaitingApproval, Completed
 from agent_plugin.rounds import child_usage_sink
-from agent_plugin.tools import ToolContext, ToolEffect, _check_name, _coerce_effect
+from agent_plugin.tools import ToolContext, ToolEffect
+from agent_plugin.tools.base import check_name, coerce_effect
 
 __all__ = ["APPROVAL_NEEDED", "STOPPED_EARLY", "AgentTool", "child_usage_sink"]
 
@@ -81,11 +82,11 @@ class AgentTool:
         description: str,
         effect: ToolEffect = ToolEffect.WRITE,
     ) -> None:
-        _check_name(name, f"AgentTool {name!r}")
+        check_name(name, f"AgentTool {name!r}")
         self._agent = agent
         self._name = name
         self._description = str(description)
-        self._effect = _coerce_effect(effect, f"AgentTool {name!r}")
+        self._effect = coerce_effect(effect, f"AgentTool {name!r}")
 
     @property
     def name(self) -> str:

@@ -43,7 +43,7 @@ from agent_plugin.jobs import (
     runtime_of,
 )
 from agent_plugin.jobs.args import checked_run_id
-from agent_plugin.jobs.attempt import Keeper
+from agent_plugin.jobs.keeper import Keeper
 from agent_plugin.jobs.redis import OutageRetry, loads
 from agent_plugin.jobs.upkeep import Upkeep
 from agent_plugin.live import stream_key

@@ -17,7 +17,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field, JsonValue, ValidationError
 
-from agent_plugin import tools as tools_module
 from agent_plugin.agent import Agent
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.hooks import AgentHooks
@@ -40,6 +39,8 @@ from agent_plugin.tools import (
     tool,
     truncate_chars,
 )
+from agent_plugin.tools import base as tools_base
+from agent_plugin.tools import functions as tools_functions
 
 CTX = ToolContext(run_id="job-42", call_id="c1", session_id="s-1", step=3)
 OBJECT_OF_NOTHING = {
@@ -878,7 +879,7 @@ async def test_nothing_is_inspected_or_compiled_per_call(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(inspect, "signature", forbidden)
     monkeypatch.setattr(typing, "get_type_hints", forbidden)
-    monkeypatch.setattr(tools_module, "create_model", forbidden)
+    monkeypatch.setattr(tools_functions, "create_model", forbidden)
     monkeypatch.setattr(fastjsonschema, "compile", forbidden)
     monkeypatch.setattr(inspect, "cleandoc", forbidden)
     for _ in range(3):
@@ -950,7 +951,7 @@ def test_registry_refuses_things_that_are_not_tools_and_lists_what_is_missing() 
 
 def test_the_member_list_matches_the_protocol() -> None:
     declared = {name for name in vars(Tool) if not name.startswith("_")}
-    assert set(tools_module._TOOL_MEMBERS) == declared
+    assert set(tools_base.TOOL_MEMBERS) == declared
 
 
 def test_definitions_are_sorted_and_cached_until_a_change() -> None:
