@@ -67,4 +67,4 @@ async def test_the_check_sees_a_cycle() -> None:
         held: list[object] = []
         held.append(FnTool("held", "Holds itself.", {"type": "object"}, lambda _: held))
 
-    assert await cyclic_garbage(cycle) == ["agent_plugin.tools.FnTool"]
+    assert await cyclic_garbage(cycle) == ["agent_plugin.tools.base.FnTool"]
