@@ -2,22 +2,11 @@
 end a run after a turn or prepare the next one.
 
 Subclass :class:`AgentHooks` and override what you need; every method is optional and async,
-and hooks run in registration order. Only overridden methods cost anything per step. In one
-turn they are called in this order: ``before_model``, ``after_model``, ``before_tool`` and
-``after_tool`` per call, then ``should_stop_after_turn`` (any ``True`` ends the run: no more
-hooks, no queued message delivered) and ``prepare_next_turn`` (its messages force another
-turn; its settings hold from the next request on, across pauses); ``on_outcome`` once the
-run returns.
-
-Boundaries where a hook may stop the run (``PauseRun`` / ``CancelRun``):
-
-* ``before_model`` — before a model request;
-* ``after_model`` — after an assistant turn that asked for tools (the turn is recorded first);
-* ``before_tool`` — before a tool call (in a parallel round, before any call of it starts).
-
-A paused run ends with a ``paused`` outcome carrying its :class:`~agent_plugin.outcomes.RunState`;
-``Agent.resume(state)`` continues it without adding a user message.
-"""
+hooks run in registration order, and only overridden methods cost anything per step. In one
+turn: ``before_model``, ``after_model``, ``before_tool`` and ``after_tool`` per call, then
+``should_stop_after_turn`` and ``prepare_next_turn``; ``on_outcome`` once the run returns.
+``PauseRun`` / ``CancelRun`` from ``before_model``, ``after_model`` or ``before_tool`` stop the
+run there. The order and the boundaries in full: ``docs/guide/agent-loop.md``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,12 @@
 """Typed results: what a run must produce, how the model is asked for it, how a reply is checked.
 
-:class:`Output` is built once from ``output_type`` (a pydantic model, a dataclass, a TypedDict, a
-primitive, ``list[...]``, or a union or list of them: each member its own choice for the model)
-and a mode:
-
-* ``"tool"``: one final-result tool per choice (``final_result``, or ``final_result_<Type>``);
-  calling one ends the run;
-* ``"native"``: the request carries a :class:`~agent_plugin.providers.base.ResponseFormat` and
-  the reply's text is the JSON;
-* ``"prompted"``: the schema goes into the system prompt and the JSON is read from the text.
-
-A reply that fails validation, or that an output validator rejects with :class:`ModelRetry`,
-goes back to the model naming the problems, at most ``retries`` times; the loop then ends the
-run ``output_invalid``. :class:`OutputRun` is one run's side of this (its retries and verdicts),
-:class:`OutputStream` turns one streamed reply into partial values. ``docs/guide/typed-results.md``
-tells the story.
-"""
+:class:`Output` is built once from ``output_type`` (a pydantic model, dataclass, TypedDict,
+primitive, ``list[...]`` or a union of them) and a mode: ``"tool"`` (a final-result tool per
+choice), ``"native"`` (a :class:`~agent_plugin.providers.base.ResponseFormat` on the request)
+or ``"prompted"`` (the schema in the system prompt). A reply that fails validation goes back to
+the model at most ``retries`` times, then the run ends ``output_invalid``. :class:`OutputRun` is
+one run's side of this, :class:`OutputStream` turns a streamed reply into partial values; the
+story is ``docs/guide/typed-results.md``."""
 
 from __future__ import annotations
 

@@ -1,21 +1,13 @@
 """Tool policies: decide, before a tool runs, whether it may run, needs approval, or is refused.
 
-A policy is anything with a ``decide(call, tool, info)`` method (see :class:`ToolPolicy`); the
-agent asks it once per tool call the model makes. Three policies ship:
+A policy is anything with a ``decide(call, tool, info)`` method (:class:`ToolPolicy`), asked
+once per tool call. :class:`AllowAll` is the default; :class:`ToolRules` has rules per tool
+name (which win) and per :class:`~agent_plugin.tools.ToolEffect`::
 
-* :class:`AllowAll` — the default; every call runs.
-* :class:`ToolRules` — rules per tool name and per :class:`~agent_plugin.tools.ToolEffect`, built
-  up step by step::
+    rules = ToolRules().for_tool("send_email", ASK).for_effect(ToolEffect.WRITE, deny("no"))
 
-      rules = ToolRules().for_tool("send_email", ASK).for_effect(ToolEffect.WRITE, deny("no"))
-
-  The rule for the tool's name wins; else, for a tool the agent knows, the rule for its effect;
-  else the call is allowed.
-* :class:`Strictest` — combines policies and keeps the strictest answer.
-
-Decisions are frozen pydantic models tagged by ``decision`` so they travel as JSON:
-``{"decision": "deny", "reason": "..."}``.
-"""
+:class:`Strictest` combines policies and keeps the strictest answer. Decisions are frozen
+pydantic models tagged by ``decision``, so they travel as JSON."""
 
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """Skills: reusable instructions the agent reads when a task needs them.
 
-A :class:`Skill` is a named block of instructions (a checklist, a house style, a playbook).
-Skills use progressive disclosure: the system prompt lists only each skill's name and one-line
-description (:func:`skills_index`), and the model reads a whole skill through the ``load_skill``
-tool (:class:`LoadSkillTool`) when a task needs it. Ten skills cost ten lines of prompt.
-
-A skill is written as a ``SKILL.md`` document with front matter::
-
-    ---
-    name: weekly-digest
-    description: How to write the Monday digest for the ops team.
-    ---
-    1. Pull last week's incidents.
-    2. ...
-
-:func:`load_skills` reads a folder with one sub-folder per skill, each holding its ``SKILL.md``
-(and whatever files the skill refers to).
-"""
+A :class:`Skill` is a named block of instructions (a checklist, a house style, a playbook),
+disclosed progressively: the system prompt lists each skill's name and one-line description
+(:func:`skills_index`), and the model reads a whole skill through the ``load_skill`` tool
+(:class:`LoadSkillTool`) when it needs it. :func:`load_skills` reads a folder with one
+sub-folder per skill, each holding a ``SKILL.md`` with ``name`` and ``description`` in its
+front matter."""
 
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
-"""What the queue costs in Redis when a worker runs hundreds of runs: one round trip to
-enqueue a job, a poll that reads only the jobs nobody runs, and bounded connection pools.
+"""What the queue costs in Redis when a worker runs hundreds of runs.
 
-:func:`enqueue_job` is arq's ``enqueue_job`` (the same job, keys and expiry, and ``None`` when
-the job or its result exists) in one script instead of a ``WATCH`` transaction of three round
-trips.
-
-arq keeps a running job in the queue until it ends, and each poll of a worker with a free slot
-reads the oldest due job ids (running ones first) and checks each in a Redis transaction of
-its own (four round trips) before it starts the first new one. With hundreds of model-bound
-runs per worker that is thousands of round trips a second spent on jobs already running, and
-once the fleet runs more jobs than a poll reads (``queue_read_limit``), a poll finds no new job
-at all. :func:`read_startable_jobs` makes the worker's read answer only the due jobs that
-nobody runs (one script in Redis, one round trip); arq's own checks then run only for those.
-
-:func:`bound_connections` gives a client a blocking pool of at most ``limit`` connections: a
-command waits for a free connection instead of opening one more (redis-py's default pool
-opens one per concurrent command, without bound).
-"""
+:func:`enqueue_job` is arq's ``enqueue_job`` (same job, keys and expiry) in one script instead of
+a ``WATCH`` transaction of three round trips. :func:`read_startable_jobs` makes a worker's poll
+read only the due jobs nobody runs (arq reads running ones too and checks each in a transaction
+of its own, which with hundreds of runs per worker costs thousands of round trips a second).
+:func:`bound_connections` gives a client a blocking pool of at most ``limit`` connections.
+Sizing a worker: ``docs/operations/deployment.md``."""
 
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
-"""OpenAI-compatible chat completions (``POST {base}/chat/completions``) over plain httpx.
+"""OpenAI-compatible chat completions (``POST {base}/chat/completions``) over httpx.
 
 One client speaks to OpenAI and to every server that copies its protocol (Ollama, vLLM, Groq,
 DeepSeek, OpenRouter, Together, TGI, LiteLLM, Gemini's and Anthropic's compatibility endpoints).
 Three pure pieces do the wire translation and are tested against recorded traffic:
 :meth:`OpenAICompatibleClient.build_body` (neutral request -> JSON body), :func:`parse_response`
-(JSON body -> :class:`ChatResponse`) and the stream assembler behind
-:meth:`OpenAICompatibleClient.stream`, which folds the chunks back into the body
-:func:`parse_response` reads, so a streamed reply and a whole one come out equal.
-:meth:`OpenAICompatibleClient.encode_body` is what is sent: the same body as bytes, where each
-message (and the tool list) is encoded once per client and reused by every later request.
-
-Quirks of real servers that are accepted: ``content`` null or ``""`` next to tool calls,
-tool-call ids that are ``""`` or integers, ``arguments`` given as an object (or TGI's
-``parameters``), arguments that are not valid JSON (kept in ``raw_arguments``), the legacy
-``function_call``, ``refusal``, reasoning as ``reasoning_content`` (DeepSeek), ``reasoning``
-(Ollama, Groq, Cerebras, OpenRouter) or ``thinking`` content parts (Mistral), non-standard
-finish reasons, several choices, whitespace before the JSON, ``: comment`` lines,
-``usage: null`` chunks, and errors reported inside a 200 answer. What a request may carry for
-a given server is its :class:`~agent_plugin.providers.profiles.EndpointProfile`.
-"""
+(JSON body -> :class:`ChatResponse`) and the stream assembler, which folds chunks back into the
+body :func:`parse_response` reads, so a streamed reply and a whole one come out equal. The
+replies it reads leniently are listed in ``docs/guide/configuration.md``; what a request
+may carry for a given server is its :class:`~agent_plugin.providers.profiles.EndpointProfile`."""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """The journal a worker's delivery writes: :class:`LeasedRunJournal` groups a run's checkpoints
-into the fewest transactions that keep its guarantees, each renewing the delivery's lease and
-writing the run's progress in the same ``UPDATE``.
+into the fewest transactions that keep its guarantees.
 
-A transaction is written when a checkpoint must be durable before the run goes on:
-
-* ``replied`` with tool calls (a model reply): before its calls run, so a call is never made
-  for a reply a crash forgets;
-* ``round_done`` (a round's tool message): before the next model call;
-* ``appended`` (steering that joined): before the next model call, the message is not lost.
-
-``started`` waits for the next of those (nothing is lost without it: a delivery that finds no
-checkpoint starts from the run's arguments again), and so does ``tool_done`` when the round's
-message follows at once (a round of one call); when it does not (calls of a parallel round
-still running), it is written as soon as the run's task yields, on its own. A final reply
-(no calls) is left to the record of the run's end, which :meth:`LeasedRunJournal.close`
-comes before. A one-round run so writes two transactions: its reply with its start, and its
-tool results with the round.
-
-Each transaction is ``UPDATE agent_runs`` (the lease, the progress; only while the run is in
-progress at this attempt, which fences out a delivery that was taken over) and one
-``INSERT`` of the checkpoints, whose seqs the journal numbers itself: a write tried again
-after a failure that did commit (the connection broke after the commit) finds its seqs
-taken and counts as written, once.
-"""
+A model reply with tool calls is written before its calls run, a round's tool message (and any
+steering that joined) before the next model call; the rest rides on those writes or on the
+record of the run's end. Each transaction is one ``UPDATE agent_runs`` (lease and progress,
+fenced by the attempt) and one ``INSERT`` of checkpoints whose seqs the journal numbers itself,
+so a write tried again after a commit it never heard about counts once. The story, with the
+counts per run: ``docs/guide/background-runs.md#checkpoints``."""
 
 from __future__ import annotations
 

@@ -12,36 +12,8 @@ A run's record (a row of ``agent_runs``) moves like this; any other move is ``CO
     take_paused_state  awaiting_approval                    queued        (decisions stored)
     cancel             queued, awaiting_approval            cancelled
 
-What :meth:`SqlRunStore.get` shows (:class:`RunRecord`) is safe to publish: the outcome as an
-:class:`~agent_plugin.events.OutcomeSummary` (no transcript, tool arguments redacted) and the
-calls a paused run waits on. The paused run's :class:`~agent_plugin.outcomes.RunState`, the
-job's arguments and the accepted decisions stay on the server.
-
-Every change of status moves the record's ``version``; :meth:`SqlRunStore.take_paused_state`
-validates the decisions against the state it read and then moves the run on only if the
-version is still the one it read (compare-and-set), so a decision is accepted once, against
-exactly one pause, however many requests race.
-
-**Leases.** A worker starts a run for one arq job (``job_id``: the run's own job, or its resume
-job once decisions are accepted) and holds it for ``lease`` seconds, renewed while it runs
-(:meth:`SqlRunStore.renew_lease`). Until the lease ends no other delivery may start the run:
-one whose claim in Redis vanished (Redis restarted, or it was unreachable for longer than a
-lease) is refused with ``CONFLICT`` carrying ``retry_after``, while the worker that runs it is
-alive. A retry's backoff, or the time a deferred run is due, holds a queued run the same way.
-A delivery of another job is refused for as long as the run is not its job's. Lease times are
-set and compared on the database's clock (:class:`database_now`), so a worker whose own clock
-is off neither cuts another's lease short nor stretches its own.
-
-Step checkpoints (:meth:`SqlRunStore.journal`) are rows of ``agent_run_checkpoints``, one
-``INSERT`` each (with the run's progress in the same transaction when the journal is given a
-``progress`` rule), numbered per run; the primary key ``(run_id, seq)`` makes two writers of one
-run collide instead of interleaving. A retried job reads them back with
-:meth:`SqlRunStore.journal_entries` and continues from :func:`agent_plugin.journal.recover`.
-
-The statements a background run makes on every step (the checkpoint ``INSERT``, the progress
-``UPDATE``, reading a record, starting a run) are built once, with bind parameters, so a step
-pays for executing them and not for building and caching them again.
-"""
+Every move bumps the record's ``version`` (compare-and-set). Leases, checkpoints and what a
+record shows: ``docs/guide/background-runs.md``; the approval moves: :mod:`.run_approvals`."""
 
 from __future__ import annotations
 
