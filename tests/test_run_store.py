@@ -1053,7 +1053,7 @@ async def test_runs_recorded_before_0002_survive_the_upgrade(at_0001: Database) 
             )
         )
     await database.migrate()
-    assert await database.current_revision() == "0006"
+    assert await database.current_revision() == "0007"
     store = SqlRunStore(database)
     record = await store.get("old")
     assert record is not None
