@@ -47,7 +47,7 @@ Three measurements, on the real Redis (``AGENT_BENCH_REDIS_URL``, default
 
 Nothing is asserted. Results go to ``results/jobs.json``; the markdown is printed::
 
-    python benchmarks/bench_jobs.py [--quick] [--profile]
+    python benchmarks/bench_jobs.py [--quick] [--profile]   # AGENT_BENCH_SESSIONS=1: in sessions
 """
 
 from __future__ import annotations
@@ -539,12 +539,18 @@ def make_plugin(
     )
 
 
+SESSIONS = os.environ.get("AGENT_BENCH_SESSIONS") == "1"
+"""``AGENT_BENCH_SESSIONS=1``: each agent run in a session of its own, so a run pays for its
+session's turn (what the SQL and Redis per run then say)."""
+
+
 async def enqueue_runs(plugin: AgentPlugin, space: RedisSpace, runs: int) -> float:
     """Enqueue ``runs`` tracked runs from an app-side agent; answers runs enqueued per s."""
     async with plugin.open() as agent:
         start = time.perf_counter()
         for i in range(runs):
-            handle = await agent.enqueue(f"STEPS=1 run {i}: use the noop tool")
+            session = f"{space.prefix}s{i}" if SESSIONS else None
+            handle = await agent.enqueue(f"STEPS=1 run {i}: use the noop tool", session=session)
             space.job_ids.append(handle.run_id)
         return runs / (time.perf_counter() - start)
 
