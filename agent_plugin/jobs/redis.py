@@ -206,7 +206,7 @@ async def reaching_redis(url: str) -> AsyncIterator[None]:
 
 
 async def quietly(work: Awaitable[Any]) -> None:
-    """Best-effort clean-up (a lock released, a record put back): log a failure instead of
+    """Best-effort clean-up (a key deleted, a record put back): log a failure instead of
     hiding the error being handled."""
     try:
         await work
