@@ -630,6 +630,38 @@ async def test_cancelling_a_queued_run_frees_its_session_for_the_reject_policy(
         assert (await poll(served.client, path))["status"] == "complete"
 
 
+async def test_the_reject_policy_refuses_decisions_while_the_session_is_busy(
+    env: JobsEnv,
+) -> None:
+    """A resume is a run of its session too: while another run of the session is in progress
+    its decisions answer 409, and the run still awaits them; once the session is free they
+    are accepted and the resume is queued."""
+    session = f"d-{time.monotonic_ns()}"
+    async with serve(env, AGENT_SESSION_LOCK="reject") as served:
+        _, pausing = plan(rounds=[[["send", "z"]]])
+        path = await start(served, pausing, session=session)
+        paused = await poll(served.client, path)
+        assert paused["status"] == "awaiting_approval"
+        _, slow = plan(rounds=[[["effect", "1"]]], model_delay=1.0)
+        busy = await start(served, slow, session=session)  # a paused run holds no turn
+        await poll(served.client, busy, until=lambda r: r["status"] == "in_progress")
+        decisions = [
+            {"call_id": paused["awaiting"][0]["call_id"], "approval": {"verdict": "approve"}}
+        ]
+        refused = await served.client.post(f"{path}/decisions", json=decisions)
+        assert refused.status_code == 409, refused.text
+        assert session in refused.json()["detail"]
+        again = (await served.client.get(path)).json()
+        assert again["status"] == "awaiting_approval"  # decide again later
+        assert again["awaiting"] == paused["awaiting"]
+        assert (await poll(served.client, busy))["status"] == "complete"
+        accepted = await served.client.post(f"{path}/decisions", json=decisions)
+        assert accepted.status_code == 202, accepted.text
+        # (the resume then finds its session written since the pause: that is the session
+        # store's conflict, whatever the policy)
+        assert (await poll(served.client, path))["status"] != "awaiting_approval"
+
+
 # --- failure to reach Redis, and the API without a worker -----------------------------------
 
 
