@@ -9,7 +9,15 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_plugin.redaction import redact_text
 
-__all__ = ["BODY_LIMIT", "AgentError", "ErrorInfo", "ErrorKind", "PrefixLocked", "describe"]
+__all__ = [
+    "BODY_LIMIT",
+    "AgentError",
+    "ErrorInfo",
+    "ErrorKind",
+    "PrefixLocked",
+    "SessionTaken",
+    "describe",
+]
 
 BODY_LIMIT: Final = 500
 """At most this many characters of a provider's error body are kept in an error."""
@@ -186,6 +194,18 @@ class AgentError(Exception):
     @classmethod
     def tool(cls, message: str) -> AgentError:
         return cls(ErrorKind.TOOL, message)
+
+
+class SessionTaken(AgentError):
+    """A run of a session was not started because another run of the session is in progress
+    (the database allows one at a time): wait for the session's turn. Kind ``conflict``."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            ErrorKind.CONFLICT,
+            f"run {run_id} cannot start: another run of its session is in progress",
+        )
+        self.run_id = run_id
 
 
 class PrefixLocked(AgentError):

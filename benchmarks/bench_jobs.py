@@ -31,7 +31,7 @@ Three measurements, on the real Redis (``AGENT_BENCH_REDIS_URL``, default
    run of the same agent journaled, captured in process beforehand: written as the worker
    writes them, the reply with the start and the tool result with the round) and
    ``finish``: the SQL and the transactions per job that (2) reports (4 transactions, 7
-   statements), without the agent loop, the model, the session lock, the event stream or the
+   statements), without the agent loop, the model, the session's turn, the event stream or the
    lease keeper. Runs/s is also reported as a ratio to it: the
    ratio to (1) stays the target; the ratio to this says how much of a run's cost is the
    harness beyond its durable writes.
@@ -47,7 +47,7 @@ Three measurements, on the real Redis (``AGENT_BENCH_REDIS_URL``, default
 
 Nothing is asserted. Results go to ``results/jobs.json``; the markdown is printed::
 
-    python benchmarks/bench_jobs.py [--quick] [--profile]
+    python benchmarks/bench_jobs.py [--quick] [--profile]   # AGENT_BENCH_SESSIONS=1: in sessions
 """
 
 from __future__ import annotations
@@ -210,14 +210,24 @@ class RedisCounter:
             self.connections += 1
             await open_socket(conn)  # type: ignore[no-untyped-call]
 
+        in_pipeline = False
+
         def pack_command(conn: AbstractConnection, *args: Any) -> Any:
-            self.commands += 1
+            if not in_pipeline:
+                self.commands += 1
             return pack_one(conn, *args)
 
         def pack_commands(conn: AbstractConnection, commands: Any) -> Any:
+            # redis-py packs a pipeline's commands one by one through pack_command: count
+            # them here, once, and not again there
+            nonlocal in_pipeline
             commands = list(commands)
             self.commands += len(commands)
-            return pack_many(conn, commands)
+            in_pipeline = True
+            try:
+                return pack_many(conn, commands)
+            finally:
+                in_pipeline = False
 
         async def send_packed_command(conn: AbstractConnection, *args: Any, **kw: Any) -> Any:
             self.round_trips += 1
@@ -529,12 +539,18 @@ def make_plugin(
     )
 
 
+SESSIONS = os.environ.get("AGENT_BENCH_SESSIONS") == "1"
+"""``AGENT_BENCH_SESSIONS=1``: each agent run in a session of its own, so a run pays for its
+session's turn (what the SQL and Redis per run then say)."""
+
+
 async def enqueue_runs(plugin: AgentPlugin, space: RedisSpace, runs: int) -> float:
     """Enqueue ``runs`` tracked runs from an app-side agent; answers runs enqueued per s."""
     async with plugin.open() as agent:
         start = time.perf_counter()
         for i in range(runs):
-            handle = await agent.enqueue(f"STEPS=1 run {i}: use the noop tool")
+            session = f"{space.prefix}s{i}" if SESSIONS else None
+            handle = await agent.enqueue(f"STEPS=1 run {i}: use the noop tool", session=session)
             space.job_ids.append(handle.run_id)
         return runs / (time.perf_counter() - start)
 
@@ -1250,7 +1266,7 @@ def render(report: dict[str, Any]) -> str:
         "",
         "Ratio to arq no-op is the target (≥ 0.7, see Targets); ratio to arq durable (same "
         "backend) is how much of a run's cost is the harness beyond its durable writes (1.0: "
-        "none; the loop, model, tool, event stream, session lock, lease keeper and arq's "
+        "none; the loop, model, tool, event stream, session turn, lease keeper and arq's "
         "handling of a tracked run make up the rest). At the 0.5 s poll a durable job holds "
         "its slot too and meets the same 20 jobs/s limit, so that ratio is about 1 by "
         "construction; the 10 ms poll compares costs.",

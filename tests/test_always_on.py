@@ -27,6 +27,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import redis.asyncio as aioredis
+import sqlalchemy as sa
 from arq.worker import create_worker
 
 from agent_plugin.agent import Agent
@@ -46,9 +47,9 @@ from agent_plugin.jobs import (
     tick_run_id,
 )
 from agent_plugin.jobs.ticks import tick
-from agent_plugin.messages import Role
+from agent_plugin.messages import Role, TokenUsage
 from agent_plugin.options import AgentOverrides
-from agent_plugin.outcomes import ApprovalDecision
+from agent_plugin.outcomes import ApprovalDecision, Completed
 from agent_plugin.policy import READ_ONLY_REASON, AllowAll, Strictest
 from agent_plugin.proactive import (
     APPROVAL_HEADER,
@@ -65,6 +66,7 @@ from agent_plugin.proactive import (
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
 from agent_plugin.runtime import AgentRuntime
 from agent_plugin.sessions import InMemorySessionStore, MessageEntry
+from agent_plugin.storage.models import RunRow
 from agent_plugin.web import AgentPlugin, AppAgent
 from tests.httpserver import Hang, HttpServer, Reply
 from tests.jobs_app import (
@@ -467,18 +469,25 @@ async def test_ticks_are_skipped_only_while_a_run_of_the_session_is_active(env: 
         args = RunArgs.checked(prompt, overrides={"session": session})
         later = await jobs.enqueue(new_run_id(), args, delay=600)
         assert not await jobs.session_active(session)
-        await redis.zadd(env.queue, {later.run_id: time.time() * 1000 - 1}, xx=True)
+        async with jobs.store.database.write() as conn:  # its time came: due, as its record says
+            await conn.execute(
+                sa.update(RunRow)
+                .where(RunRow.run_id == later.run_id)
+                .values(lease_until=datetime.now(UTC) - timedelta(seconds=1))
+            )
         assert await jobs.session_active(session)  # due: waiting for a worker
         await jobs.store.cancel(later.run_id, "test")
         assert not await jobs.session_active(session)
 
-        # a worker holding the session's lock
-        lock = f"{env.prefix}session-lock:{session}"
-        await redis.set(lock, "run_other", px=5000)
+        # a run of the session in progress (its worker holds it, whatever Redis says)
+        other = await jobs.enqueue(new_run_id(), args)
+        await redis.zrem(env.queue, other.run_id)  # (no worker here takes it)
+        await jobs.store.start(other.run_id, job_id=other.run_id, lease=30)
         assert await jobs.session_active(session)
         tick = await agent_heartbeat(on.job_ctx(unique("agent_heartbeat")))
         assert tick["status"] == "skipped_busy"
-        await redis.delete(lock)
+        await jobs.store.finish(other.run_id, Completed(text="x", steps_used=1, usage=TokenUsage()))
+        assert not await jobs.session_active(session)
         tick = await agent_heartbeat(on.job_ctx(unique("agent_heartbeat")))
         assert tick["status"] == "started"
 

@@ -503,7 +503,7 @@ async def test_a_redis_restart_loses_no_tracked_run(tmp_path: Path) -> None:
 async def test_a_redis_that_forgets_everything_loses_no_run_and_doubles_no_call(
     tmp_path: Path,
 ) -> None:
-    """Redis restarts without persistence: queued jobs, claims and session locks are gone.
+    """Redis restarts without persistence: queued jobs and claims are gone.
     The records in the database bring the queued runs back (the reconciler), and the runs in
     progress stay with their workers, whose leases in the database outlive the outage, so no
     call runs twice although every claim in Redis vanished for longer than a lease."""

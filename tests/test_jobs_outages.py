@@ -189,7 +189,7 @@ async def test_database_cuts_make_no_finished_call_run_again(
 
 async def test_a_redis_wipe_during_a_retry_wait_keeps_the_sessions_order(tmp_path: Path) -> None:
     """Run A of a session is rate limited and waits for its retry; B and C queue behind it.
-    Redis restarts without its data during A's wait: every job, claim and session lock is
+    Redis restarts without its data during A's wait: every job and claim is
     gone. The database still says it is A's turn: the reconciler brings the jobs back, A
     runs first and completes, then B, then C; none fails."""
     server = RedisServer(tmp_path, persistent=False)

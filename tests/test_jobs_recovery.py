@@ -23,10 +23,11 @@ from arq.worker import Retry
 
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.ids import new_run_id
-from agent_plugin.jobs import AGENT_RUN, RunArgs, SessionLock, agent_run
+from agent_plugin.jobs import AGENT_RUN, RunArgs, agent_run
 from agent_plugin.messages import TokenUsage
 from agent_plugin.outcomes import Completed
 from agent_plugin.records import RunStatus
+from agent_plugin.storage import SqlRunStore
 from agent_plugin.storage.models import RunRow, utcnow
 from tests.jobs_app import (
     LOG_ENV,
@@ -264,8 +265,6 @@ async def test_a_run_that_cannot_start_fails_instead_of_coming_back(env: JobsEnv
     async with here(env) as h:
         session = f"poison-{time.monotonic_ns()}"
         run_id = await session_run(h, session, "poison")
-        lock = SessionLock(h.redis, session, run_id, prefix=h.jobs.options.key_prefix)
-        assert await lock.claim(1800) == 1  # taken at enqueue (session_lock = "reject")
         async with h.jobs.store.database.write() as conn:  # arguments no version can read
             await conn.execute(
                 sa.update(RunRow).where(RunRow.run_id == run_id).values(args={"prompt": 5})
@@ -278,24 +277,20 @@ async def test_a_run_that_cannot_start_fails_instead_of_coming_back(env: JobsEnv
             assert record.status is (RunStatus.FAILED if delivery == 3 else RunStatus.QUEUED)
         assert record.error is not None
         assert "do not decode" in record.error.message
-        assert await lock.holder() is None  # the session is free again
+        assert not await h.jobs.session_active(session)  # the session is free again
         await backdate(h, run_id, 5)
         assert await h.upkeep.reconcile() == []  # not delivered again and again
 
 
-async def test_a_redelivery_of_an_ended_run_frees_the_lock_its_worker_left(
-    env: JobsEnv,
-) -> None:
+async def test_a_redelivery_of_an_ended_run_of_a_session_ends_its_job(env: JobsEnv) -> None:
     async with here(env) as h:
         session = f"left-{time.monotonic_ns()}"
         run_id = await session_run(h, session, "left")
         await h.jobs.store.start(run_id, job_id=run_id, lease=30)
         await h.jobs.store.finish(run_id, Completed(text="x", steps_used=1, usage=TokenUsage()))
-        lock = SessionLock(h.redis, session, run_id, prefix=h.jobs.options.key_prefix)
-        assert await lock.claim(30) == 1  # its worker died before releasing it
-        result = await agent_run(h.job_ctx(run_id), run_id)  # the job, delivered again
+        result = await agent_run(h.job_ctx(run_id), run_id)  # its worker died before arq knew
         assert result == {"run_id": run_id, "status": "complete"}
-        assert await lock.holder() is None
+        assert not await h.jobs.session_active(session)
 
 
 async def session_run(h: Here, session: str, tag: str) -> str:
@@ -307,32 +302,64 @@ async def session_run(h: Here, session: str, tag: str) -> str:
     return run_id
 
 
-async def test_a_stale_delivery_leaves_the_session_lock_of_the_live_run(env: JobsEnv) -> None:
+async def test_a_stale_delivery_leaves_the_live_run_of_a_session_alone(env: JobsEnv) -> None:
     async with here(env) as h:
         session = f"stale-{time.monotonic_ns()}"
         run_id = await session_run(h, session, "live")
-        lock = SessionLock(h.redis, session, run_id, prefix=h.jobs.options.key_prefix)
-        assert await lock.claim(30) == 1
         await h.jobs.store.start(run_id, job_id=run_id, lease=30)  # a live delivery runs it
         result = await agent_run(h.job_ctx(f"{run_id}:stale"), run_id)  # another job's delivery
         assert result == {"run_id": run_id, "status": "in_progress"}
-        assert await lock.holder() == run_id  # still the live run's
+        record = await h.jobs.get(run_id)
+        assert (record.status, record.attempt) == (RunStatus.IN_PROGRESS, 1)
 
 
-async def test_a_delivery_stopped_before_it_started_leaves_the_run_alone(env: JobsEnv) -> None:
+async def test_a_delivery_stopped_while_waiting_for_its_turn_leaves_the_run_alone(
+    env: JobsEnv,
+) -> None:
     async with here(env) as h:
         session = f"stop-{time.monotonic_ns()}"
         other = await session_run(h, session, "other")
         await h.jobs.store.start(other, job_id=other, lease=30)  # the session is busy
         run_id = await session_run(h, session, "mine")
-        await h.jobs.store.start(run_id, job_id=run_id, lease=30)  # held by a live delivery
-        waiting = asyncio.create_task(agent_run(h.job_ctx(run_id), run_id))  # its claim vanished
+        waiting = asyncio.create_task(agent_run(h.job_ctx(run_id), run_id))
         await asyncio.sleep(0.3)  # it waits for the session
         waiting.cancel()  # the worker shuts down
         with pytest.raises(asyncio.CancelledError):
             await waiting
         record = await h.jobs.get(run_id)
-        assert (record.status, record.attempt) == (RunStatus.IN_PROGRESS, 1)  # not requeued
+        assert (record.status, record.attempt) == (RunStatus.QUEUED, 0)  # untouched
+
+
+async def test_a_run_whose_session_was_taken_between_its_turn_and_its_start_waits(
+    env: JobsEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database has the last word: a delivery told it was its turn, whose start is then
+    refused because another run of the session started meanwhile, waits for the session
+    instead of failing, and runs once the other run ended."""
+    async with here(env) as h:
+        session = f"race-{time.monotonic_ns()}"
+        run_id = await session_run(h, session, "second")
+        other = await session_run(h, session, "first")
+        store = h.jobs.store
+        asked: list[str] = []
+
+        async def always_my_turn(self: SqlRunStore, session_id: str, asking: str) -> bool:
+            asked.append(asking)
+            return True  # (a stale answer: the other run starts right after it)
+
+        monkeypatch.setattr(SqlRunStore, "session_turn", always_my_turn)  # the worker's too
+        started = await store.start(other, job_id=other, lease=30)
+        delivery = asyncio.create_task(agent_run(h.job_ctx(run_id), run_id))
+        await asyncio.sleep(0.5)
+        assert not delivery.done()
+        assert len(asked) >= 2  # refused, and asking again
+        record = await h.jobs.get(run_id)
+        assert (record.status, record.attempt) == (RunStatus.QUEUED, 0)
+        await store.finish(
+            other, Completed(text="x", steps_used=1, usage=TokenUsage()), attempt=started.attempt
+        )
+        result = await asyncio.wait_for(delivery, 10)
+        assert result == {"run_id": run_id, "status": "complete"}
 
 
 # --- cancelling -------------------------------------------------------------------------------

@@ -196,12 +196,11 @@ def test_the_web_side_leaves_background_runs_and_the_http_engines_unloaded() -> 
 
 def test_the_lazy_names_of_jobs_and_live_are_the_modules_own() -> None:
     from agent_plugin import jobs, live
-    from agent_plugin.jobs import queue, redis, ticks, worker
+    from agent_plugin.jobs import queue, ticks, worker
     from agent_plugin.live import control
 
     assert jobs.RunQueue is queue.RunQueue
     assert jobs.HeartbeatStats is queue.HeartbeatStats
-    assert jobs.SessionLock is redis.SessionLock
     assert jobs.heartbeat_cron is ticks.heartbeat_cron
     assert jobs.worker_settings is worker.worker_settings
     assert live.ControlWatcher is control.ControlWatcher

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from agent_plugin.storage.migrations import (
     include_name,
     migrations_dir,
 )
-from agent_plugin.storage.models import Base
+from agent_plugin.storage.models import Base, RunRow
 from tests.test_storage import PostgresSchema, sqlite_url
 
 PLUGIN_TABLES = sorted(Base.metadata.tables)
@@ -84,7 +85,7 @@ async def app_data_is_intact(database: Database) -> None:
 async def test_upgrade_downgrade_upgrade(empty_database: Database) -> None:
     database = empty_database
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head == "0006"
+    assert head == "0007"
     assert await database.current_revision() is None
 
     await database.migrate()
@@ -112,6 +113,44 @@ async def test_the_comparison_can_see_a_difference(empty_database: Database) -> 
         await conn.execute(sa.text("DROP INDEX ix_agent_runs_status"))
     differences = await model_differences(empty_database)
     assert [d[0] for d in differences] == ["add_index"]
+
+
+async def test_0007_lets_one_run_of_a_session_be_in_progress(empty_database: Database) -> None:
+    database = empty_database
+    await database.migrate("0006")
+    rows = [  # (run, status, session, seq): what a database of 0006 holds, untouched by 0007
+        ("a", "in_progress", "s", 1),
+        ("b", "queued", "s", 2),
+        ("c", "in_progress", "t", 1),
+        ("d", "in_progress", None, None),
+        ("e", "in_progress", None, None),
+    ]
+    now = datetime.now(UTC)
+    async with database.write() as conn:
+        for run_id, status, session, seq in rows:
+            await conn.execute(
+                sa.insert(RunRow).values(
+                    run_id=run_id,
+                    status=status,
+                    session_id=session,
+                    session_seq=seq,
+                    attempt=1,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+    await database.migrate()
+    start_b = sa.text("UPDATE agent_runs SET status = 'in_progress' WHERE run_id = 'b'")
+    with pytest.raises(sa.exc.IntegrityError):  # a second run of session s in progress
+        async with database.write() as conn:
+            await conn.execute(start_b)
+    async with database.write() as conn:  # once a's run ended, b may start
+        await conn.execute(sa.text("UPDATE agent_runs SET status = 'complete' WHERE run_id = 'a'"))
+        await conn.execute(start_b)
+    await database.downgrade("0006")  # the downgrade lifts the rule
+    async with database.write() as conn:
+        await conn.execute(sa.text("UPDATE agent_runs SET status = 'in_progress'"))
+    assert await database.current_revision() == "0006"
 
 
 async def test_an_unknown_revision_is_a_config_error(tmp_path: Path) -> None:
@@ -158,7 +197,7 @@ def test_the_cli_migrates_in_a_new_process(tmp_path: Path) -> None:
     path = tmp_path / "cli.db"
     result = cli("--database-url", sqlite_url(path))
     assert result.returncode == 0, result.stderr
-    assert "is at revision 0006" in result.stdout
+    assert "is at revision 0007" in result.stdout
     assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
 
 
@@ -189,18 +228,18 @@ def test_the_cli_reads_the_apps_database_url_from_its_config_layers(
     )
     (tmp_path / ".env").write_text("AGENT_PROFILE=prod\n", encoding="utf-8")
     assert main(["migrate", "upgrade", "0002"]) == 0
-    assert "at revision 0002 (behind head 0006" in capsys.readouterr().out
+    assert "at revision 0002 (behind head 0007" in capsys.readouterr().out
     assert (tmp_path / "from-overlay.db").is_file()
     monkeypatch.setenv("AGENT_DATABASE_URL", f"sqlite:///{tmp_path / 'plain.db'}")  # plain works
     assert main(["migrate", "current"]) == 0
-    assert "is at base (no plugin tables); head is 0006 (database_url of the app's settings)" in (
+    assert "is at base (no plugin tables); head is 0007 (database_url of the app's settings)" in (
         capsys.readouterr().out
     )
     # --database-url beats the layers, before or after the action.
     other = sqlite_url(tmp_path / "other.db")
     assert main(["migrate", "--database-url", other]) == 0
     assert main(["migrate", "current", "--database-url", other]) == 0
-    assert "other.db is at revision 0006 (head) (--database-url)" in capsys.readouterr().out
+    assert "other.db is at revision 0007 (head) (--database-url)" in capsys.readouterr().out
 
 
 def test_a_downgrade_needs_a_revision_and_a_confirmation(
@@ -216,7 +255,7 @@ def test_a_downgrade_needs_a_revision_and_a_confirmation(
     # Not a terminal and no --yes: refused, and nothing changes.
     assert main(["migrate", "downgrade", "0003", *url], stdin=io.StringIO()) == 2
     err = capsys.readouterr().err
-    assert "undoes 0006, 0005, 0004" in err
+    assert "undoes 0007, 0006, 0005, 0004" in err
     assert "--yes" in err
     assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
 
@@ -252,9 +291,10 @@ def test_history_marks_the_head_and_the_current_revision(
     url = ["--database-url", sqlite_url(tmp_path / "history.db")]
     assert main(["migrate", "history", *url]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("0006 (head)  Runs of one session take their turns")
+    assert lines[0].startswith("0007 (head)  One run of a session runs at a time")
     assert lines[-1] == "base (current)  no plugin tables"
     assert [line.split()[0] for line in lines] == [
+        "0007",
         "0006",
         "0005",
         "0004",

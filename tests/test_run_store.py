@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from agent_plugin import sessions
 from agent_plugin.agent import Agent
-from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
+from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind, SessionTaken
 from agent_plugin.events import PendingApproval
 from agent_plugin.journal import (
     Appended,
@@ -1053,7 +1053,7 @@ async def test_runs_recorded_before_0002_survive_the_upgrade(at_0001: Database) 
             )
         )
     await database.migrate()
-    assert await database.current_revision() == "0006"
+    assert await database.current_revision() == "0007"
     store = SqlRunStore(database)
     record = await store.get("old")
     assert record is not None
@@ -1489,6 +1489,69 @@ async def test_runs_of_a_session_take_their_turns_in_the_order_they_were_enqueue
     loner = new_run_id()
     await store.create(loner, origin="request", args={})
     assert await store.session_turn(session, loner)
+
+
+async def test_the_database_refuses_a_second_run_of_a_session_in_progress(
+    database: Database,
+) -> None:
+    """Whatever a delivery was told about the session's turn, the start of a second run of a
+    session in progress is refused (a typed ``SessionTaken``), and nothing of that run moves;
+    runs of other sessions, and of none, start side by side."""
+    store = SqlRunStore(database)
+    session = f"taken-{uuid.uuid4().hex[:8]}"
+    a, b = new_run_id(), new_run_id()
+    for run_id in (a, b):
+        await store.create(run_id, origin="request", args={}, session_id=session)
+    started = await store.start(a, job_id=a, lease=0.2)
+    with pytest.raises(SessionTaken) as caught:
+        await store.start(b, job_id=b, lease=30)
+    assert caught.value.kind is ErrorKind.CONFLICT
+    assert b in caught.value.message
+    waiting = await store.get(b)
+    assert waiting is not None
+    assert (waiting.status, waiting.attempt, waiting.started_at) == (RunStatus.QUEUED, 0, None)
+    await asyncio.sleep(0.3)  # a's worker died: its re-delivery takes the run (and session) on
+    again = await store.start(a, job_id=a, lease=30)
+    assert again.attempt == started.attempt + 1
+    others = [new_run_id() for _ in range(3)]
+    await store.create(others[0], origin="request", args={}, session_id=session + "-2")
+    await store.create(others[1], origin="request", args={})
+    await store.create(others[2], origin="request", args={})
+    for run_id in others:
+        assert (await store.start(run_id, job_id=run_id)).status is RunStatus.IN_PROGRESS
+    await store.finish(a, Completed(text="a", steps_used=1, usage=TokenUsage()))
+    assert (await store.start(b, job_id=b, lease=30)).status is RunStatus.IN_PROGRESS
+
+
+async def test_what_holds_a_session(database: Database) -> None:
+    """A session is held by a run in progress, or queued and due or waiting for its retry;
+    ``reserved`` (the reject policy) counts a run booked for later too, but not a follow-up;
+    ``besides`` asks only about runs enqueued before that one."""
+    store = SqlRunStore(database)
+    session = f"held-{uuid.uuid4().hex[:8]}"
+    assert not await store.session_held(session)
+    followup, later = new_run_id(), new_run_id()
+    await store.create(followup, origin="followup", args={}, session_id=session, not_before=600)
+    assert not await store.session_held(session)
+    assert not await store.session_held(session, reserved=True)
+    await store.create(later, origin="request", args={}, session_id=session, not_before=600)
+    assert not await store.session_held(session)
+    assert await store.session_held(session, reserved=True)
+    assert not await store.session_held(session, besides=later, reserved=True)  # only it
+    now = new_run_id()
+    await store.create(now, origin="request", args={}, session_id=session)
+    assert await store.session_held(session)  # due: waiting for a worker
+    assert not await store.session_held(session, besides=now)  # enqueued before it: not due
+    assert await store.session_held(session, besides=now, reserved=True)  # later is reserved
+    await store.cancel(later, "test")
+    assert not await store.session_held(session, besides=now, reserved=True)
+    started = await store.start(now, job_id=now, lease=30)
+    assert await store.session_held(session, besides=followup)  # in progress
+    await store.requeue(now, attempt=started.attempt, not_before=600)
+    assert await store.session_held(session)  # waiting for its retry
+    await store.fail(now, ErrorInfo(kind=ErrorKind.INTERNAL, message="x"))
+    assert not await store.session_held(session, reserved=True)
+    assert not await store.session_held(session + "-other")
 
 
 async def test_a_resume_takes_a_new_place_in_its_sessions_queue(database: Database) -> None:

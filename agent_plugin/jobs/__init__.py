@@ -1,6 +1,6 @@
 """Background runs on arq, cut as arq cuts a queue: :mod:`~agent_plugin.jobs.args` (what a run
-runs), :mod:`~agent_plugin.jobs.options`, :mod:`~agent_plugin.jobs.redis` (keys, the session
-lock), :mod:`~agent_plugin.jobs.queue` (the enqueue side), :mod:`~agent_plugin.jobs.upkeep`
+runs), :mod:`~agent_plugin.jobs.options`, :mod:`~agent_plugin.jobs.redis` (connections,
+keys), :mod:`~agent_plugin.jobs.queue` (the enqueue side), :mod:`~agent_plugin.jobs.upkeep`
 (claims, the reconciler), :mod:`~agent_plugin.jobs.attempt` (one delivery, one verdict),
 :mod:`~agent_plugin.jobs.progress` (what the record says of how far a run is),
 :mod:`~agent_plugin.jobs.ticks` (heartbeats) and :mod:`~agent_plugin.jobs.worker` (arq's
@@ -19,7 +19,6 @@ from agent_plugin.jobs.options import JobOptions
 if TYPE_CHECKING:
     from agent_plugin.jobs.progress import progress_of
     from agent_plugin.jobs.queue import AGENT_RESUME, AGENT_RUN, HeartbeatStats, RunQueue
-    from agent_plugin.jobs.redis import SessionLock
     from agent_plugin.jobs.ticks import AGENT_HEARTBEAT, heartbeat_cron
     from agent_plugin.jobs.worker import (
         agent_heartbeat,
@@ -37,7 +36,6 @@ _LAZY = {
     "AGENT_RUN": "queue",
     "HeartbeatStats": "queue",
     "RunQueue": "queue",
-    "SessionLock": "redis",
     "agent_heartbeat": "worker",
     "agent_resume": "worker",
     "agent_run": "worker",
@@ -67,7 +65,6 @@ __all__ = [
     "RunHandle",
     "RunOrigin",
     "RunQueue",
-    "SessionLock",
     "agent_heartbeat",
     "agent_resume",
     "agent_run",

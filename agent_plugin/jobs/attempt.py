@@ -7,8 +7,8 @@ Redis or the database out of reach) or :class:`Superseded` (another delivery hol
 come back later, touching nothing). The worker turns it into arq's answer in one place.
 
 While the delivery runs, a :class:`~agent_plugin.jobs.keeper.Keeper` renews arq's claim on the
-job, the session lock and the run's lease in the database; the session lock is settled once,
-from the verdict and the :class:`Stage` the delivery reached.
+job and the run's lease in the database. A run of a session starts when its turn comes, as
+the database says (which refuses to start two runs of a session at once).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 from agent_plugin import sessions
 from agent_plugin.agent import Agent
 from agent_plugin.cancellation import CancelToken
-from agent_plugin.errors import AgentError, ErrorKind, describe
+from agent_plugin.errors import AgentError, ErrorKind, SessionTaken, describe
 from agent_plugin.events import (
     AgentEvent,
     OutcomeSummary,
@@ -44,7 +44,7 @@ from agent_plugin.jobs.args import RunArgs
 from agent_plugin.jobs.keeper import Keeper
 from agent_plugin.jobs.progress import ProgressAtCheckpoints, ToolProgressWriter
 from agent_plugin.jobs.queue import RunQueue
-from agent_plugin.jobs.redis import SessionLock, quietly
+from agent_plugin.jobs.redis import quietly
 from agent_plugin.journal import JournalEntry, Started, recover
 from agent_plugin.live import ControlWatcher, RunControlChannel, RunEventStream
 from agent_plugin.logs import run_context
@@ -73,6 +73,8 @@ T = TypeVar("T")
 
 _REPORTABLE: Final = frozenset({RunStatus.COMPLETE, RunStatus.AWAITING_APPROVAL})
 _MARKER_TTL: Final = 86_400
+_TURN_POLL_CAP: Final = 1.0
+"""Seconds between two looks at the session, at most, for a run waiting for its turn."""
 
 
 # --- the verdict ----------------------------------------------------------------------------
@@ -89,17 +91,15 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class RetryIn:
-    """Deliver the job again in ``seconds``. ``keep_session``: the run keeps its session lock
-    through the wait (a retry's backoff); otherwise a lock this delivery took goes."""
+    """Deliver the job again in ``seconds``."""
 
     seconds: float
-    keep_session: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class Superseded:
-    """Another delivery holds the run, or waits out its backoff: everything, the session lock
-    too, is left to it. ``seconds``: come back then (the job must stay queued while that
+    """Another delivery holds the run, or waits out its backoff: everything is left to it.
+    ``seconds``: come back then (the job must stay queued while that
     delivery lives); ``None``: the job is over."""
 
     seconds: float | None
@@ -109,14 +109,12 @@ Verdict: TypeAlias = Done | RetryIn | Superseded
 
 
 class Stage(Enum):
-    """How far a delivery got; it decides whose the session lock is."""
+    """How far a delivery got: whether it holds the run."""
 
     WAITING = "waiting"
-    """Not started: waiting for the session, or the start was refused."""
+    """Not started: waiting for the session's turn, or the start was refused."""
     RUNNING = "running"
     """This delivery started the run (:attr:`Attempt.attempt` is its number)."""
-    FOUND_OVER = "found_over"
-    """The run had ended (or paused) before this delivery: a lock in its name is left over."""
     SUPERSEDED = "superseded"
     """Another delivery took the run over."""
 
@@ -174,12 +172,6 @@ class Attempt:
         self.journal: LeasedRunJournal | None = None
         """The run's journal (set once it is driven): its writes renew the lease too."""
 
-    @property
-    def lock_ttl(self) -> float:
-        """How long a session lock outlives a dead worker: three leases, so the run's own
-        re-delivery (after one lease) normally takes it back first."""
-        return self.options.lease * 3
-
     async def run(self) -> Verdict:
         """Deliver the job once, and report how the run ended when it has delivery on.
 
@@ -191,7 +183,7 @@ class Attempt:
             return await self._run()
 
     async def _run(self) -> Verdict:
-        async with Keeper(self.redis, self.job_id, self.options.lease, self._renew_lease) as keeper:
+        async with Keeper(self.redis, self.job_id, self.options.lease, self._renew_lease):
             try:
                 try:
                     stored, started = await self._open()
@@ -202,21 +194,15 @@ class Attempt:
                     return Done("unknown")
                 args = await self._args_of(stored, started)
                 self.session = args.overrides.session
-                lock = None
-                if self.session is not None:
-                    prefix = self.options.key_prefix
-                    lock = keeper.lock = SessionLock(
-                        self.redis, self.session, self.run_id, prefix=prefix
-                    )
                 with run_context(self.run_id, self.session):
-                    verdict = await self._within_timeout(args, lock, started)
+                    verdict = await self._within_timeout(args, started)
             except (AgentError, RedisError, OSError, TimeoutError) as error:
                 if isinstance(error, AgentError) and not error.retryable:
                     await self.fail_unstarted(error)
                     raise
                 lease = self.options.lease
                 logger.warning("run %s: %s; trying again in %g s", self.run_id, error, lease)
-                return RetryIn(lease, keep_session=False)
+                return RetryIn(lease)
             if isinstance(verdict, Done) and args.deliver and verdict.ended is not None:
                 await self._report(args, verdict.ended)
             return verdict
@@ -245,35 +231,27 @@ class Attempt:
                 self.stage, self.attempt = Stage.WAITING, None
             raise
 
-    async def _within_timeout(
-        self, args: RunArgs, lock: SessionLock | None, started: RunRecord | None
-    ) -> Verdict:
+    async def _within_timeout(self, args: RunArgs, started: RunRecord | None) -> Verdict:
         timeout = self.queue.job_timeout
         limit = asyncio.timeout(timeout)
-        waiting = lock is not None
-        verdict: Verdict | None = None
         try:
             try:
                 async with limit:
-                    if lock is not None:
-                        await lock.wait(self.lock_ttl, free=self._session_free)
-                        waiting = False
-                    verdict = await self._start_and_drive(args, started)
+                    return await self._start_and_drive(args, started)
             except TimeoutError:
                 if not limit.expired():
                     raise
-                if waiting and lock is not None:
+                if self.stage is Stage.WAITING and self.session is not None:
                     error = AgentError(
                         ErrorKind.CONFLICT,
-                        f"session {lock.session_id!r} stayed busy for {timeout:g} s",
+                        f"session {self.session!r} stayed busy for {timeout:g} s",
                     )
                 else:
                     error = AgentError(
                         ErrorKind.BUDGET,
                         f"the run did not finish within the job timeout ({timeout:g} s)",
                     )
-                verdict = await self._fail(error, self.attempt)
-            return verdict
+                return await self._fail(error, self.attempt)
         except asyncio.CancelledError:  # the worker is shutting down; arq runs the job again
             if self.journal is not None:  # the results it has go first
                 await asyncio.shield(quietly(self.journal.close()))
@@ -281,38 +259,35 @@ class Attempt:
                 requeue = self.store.requeue(self.run_id, attempt=self.attempt)
                 await asyncio.shield(quietly(requeue))
             raise
-        finally:
-            await self._settle_lock(lock, verdict)
 
-    async def _settle_lock(self, lock: SessionLock | None, verdict: Verdict | None) -> None:
-        """Release (or, through a retry's backoff, keep) the session lock, if it is this
-        delivery's: it ran the run, found the run over, or took the lock while it was free.
-        Otherwise it belongs to the run's enqueue or to another delivery."""
-        if lock is None or not lock.held or isinstance(verdict, Superseded):
-            return
-        ours = self.stage in (Stage.RUNNING, Stage.FOUND_OVER) or lock.taken
-        if not ours or self.stage is Stage.SUPERSEDED:
-            return
-        if isinstance(verdict, RetryIn) and verdict.keep_session:
-            await quietly(lock.renew(verdict.seconds + self.lock_ttl))
-        else:
-            await asyncio.shield(quietly(lock.release()))
+    async def _start_in_turn(self) -> RunRecord:
+        """Start the run once it is its turn in its session (a run of no session at once).
 
-    async def _session_free(self) -> bool:
-        """It is this run's turn in its session, as the database says: no other run of the
-        session is in progress (one that crashed holding the session must finish first: it
-        continues from checkpoints made on the session as it was), and none enqueued before
-        it waits to run (for its retry too): runs of a session start in the order they were
-        enqueued, whatever Redis remembers."""
-        if self.session is None:
-            return True
-        return await self.store.session_turn(self.session, self.run_id)
+        It is the run's turn when no other run of the session is in progress and none
+        enqueued before it waits to run (for its retry too): runs of a session start in the
+        order they were enqueued, as the database says (:meth:`SqlRunStore.session_turn
+        <agent_plugin.storage.SqlRunStore.session_turn>`). The database also refuses a start
+        while another run of the session is in progress (it started between the question and
+        the start): the run waits on. Backs off up to a second; bounded by the job timeout.
+        """
+        delay = 0.05
+        while True:
+            if self.session is None or await self.store.session_turn(self.session, self.run_id):
+                try:
+                    return await self.store.start(
+                        self.run_id,
+                        job_id=self.job_id,
+                        lease=self.options.lease,
+                        resume=self.resume,
+                    )
+                except SessionTaken:
+                    logger.info("run %s: its session was taken meanwhile; waiting", self.run_id)
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, _TURN_POLL_CAP)
 
     async def _start_and_drive(self, args: RunArgs, started: RunRecord | None) -> Verdict:
         try:
-            record = started or await self.store.start(
-                self.run_id, job_id=self.job_id, lease=self.options.lease, resume=self.resume
-            )
+            record = started or await self._start_in_turn()
         except AgentError as error:  # a duplicate delivery of a run that moved on
             if error.kind not in (ErrorKind.CONFLICT, ErrorKind.NOT_FOUND):
                 raise
@@ -351,10 +326,6 @@ class Attempt:
         current = await self.store.get(self.run_id)
         if current is None:
             return Done("unknown")
-        # ended, or paused with no resume queued: a lock held in the run's name is left over
-        # from a delivery that died before releasing it
-        if current.status.finished or current.status is RunStatus.AWAITING_APPROVAL:
-            self.stage = Stage.FOUND_OVER
         await self._end_stream_of(current)
         reportable = current.outcome is not None and current.status in _REPORTABLE
         return Done(current.status, ended=current.outcome if reportable else None)
@@ -382,15 +353,15 @@ class Attempt:
     def _held_elsewhere(self, remaining: float, why: AgentError) -> Superseded:
         """The run is held by a live delivery (this job's claim in Redis vanished, or another
         job's delivery runs it) or waits for a retry's backoff: come back when that ends,
-        leaving everything (the session lock too) to its holder."""
+        leaving everything to its holder."""
         logger.info("run %s: %s", self.run_id, why.message)
         self.stage = Stage.SUPERSEDED
         return Superseded(max(remaining, 0.05) + random.uniform(0, 0.1))
 
     async def _superseded(self, why: object) -> Superseded:
-        """A later delivery took this one's run over: everything is left to it (the session
-        lock too), and while it runs the job stays queued under it (ending the job here would
-        take it off the queue, and a crash of that delivery would then lose the run)."""
+        """A later delivery took this one's run over: everything is left to it, and while it
+        runs the job stays queued under it (ending the job here would take it off the queue,
+        and a crash of that delivery would then lose the run)."""
         logger.warning("run %s was taken over by another delivery: %s", self.run_id, why)
         self.stage = Stage.SUPERSEDED
         current = await self.store.get(self.run_id)
@@ -585,8 +556,7 @@ class Attempt:
         arguments do not decode, say), once ``max_attempts`` of them failed so: the reconciler
         would otherwise deliver it again and again while the record says ``queued``. (Not at
         the first: a worker of an older release, during an upgrade, may not read what a newer
-        app stored, and the next delivery may reach a newer worker.) The run's session lock,
-        taken when it was enqueued, goes with it."""
+        app stored, and the next delivery may reach a newer worker.)"""
         if self.stage is not Stage.WAITING:
             return
         try:
@@ -606,11 +576,6 @@ class Attempt:
                 )
                 return
             await self.store.fail(self.run_id, error.info(), attempt=record.attempt)
-            if record.session_id is not None:
-                prefix = self.options.key_prefix
-                await SessionLock(
-                    self.redis, record.session_id, self.run_id, prefix=prefix
-                ).release()
             await self.redis.delete(key)
         except (AgentError, RedisError, OSError, TimeoutError) as trouble:
             logger.warning("run %s: cannot record that it failed: %s", self.run_id, trouble)

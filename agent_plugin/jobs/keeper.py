@@ -1,5 +1,5 @@
-"""What a running delivery holds, kept alive while it runs: arq's claim on the job, the
-session lock, and the run's lease in the database."""
+"""What a running delivery holds, kept alive while it runs: arq's claim on the job and the
+run's lease in the database."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 
 from agent_plugin.cancellation import stop_task
 from agent_plugin.errors import AgentError
-from agent_plugin.jobs.redis import SessionLock, ms
+from agent_plugin.jobs.redis import ms
 
 __all__ = ["Keeper"]
 
@@ -21,8 +21,8 @@ logger = logging.getLogger("agent_plugin.jobs")
 
 
 class Keeper:
-    """Renews what a running job holds: arq's in-progress key of the job and its session lock,
-    and the run's lease in the database once the delivery has started the run.
+    """Renews what a running job holds: arq's in-progress key of the job, and the run's lease
+    in the database once the delivery has started the run.
 
     The two are renewed by separate tasks, so a Redis outage (whose commands a worker retries
     for about 15 s) does not let the database lease lapse, which would let another worker take
@@ -35,7 +35,6 @@ class Keeper:
         self.redis = redis
         self.key = in_progress_key_prefix + job_id
         self.lease = lease
-        self.lock: SessionLock | None = None
         self.run_lease = run_lease
         """Renews the run's lease in the database (a no-op until the delivery started it)."""
         self._tasks: list[asyncio.Task[None]] = []
@@ -64,6 +63,3 @@ class Keeper:
         # SET, not PEXPIRE: a claim deleted while this delivery lives (a superseded delivery of
         # the same job ended, a Redis restart lost it) comes back, so the job stays protected
         await self.redis.set(self.key, b"1", px=ms(self.lease))
-        lock = self.lock
-        if lock is not None and lock.held and not await lock.renew(self.lease * 3):
-            logger.warning("run %s lost the lock of session %r", lock.run_id, lock.session_id)

@@ -28,8 +28,8 @@ class JobOptions:
       that never start it (Redis or the database out of reach) do not count: those are tried
       again each lease until they can.
     * ``lease``: seconds a job's claim in Redis and its run's lease in the database live
-      without renewal (its session lock three times as long): how soon another worker
-      continues the run of a worker that died.
+      without renewal: how soon another worker continues the run of a worker that died
+      (and, in a session, how long that run holds its session meanwhile).
     * ``reconcile_every``: seconds between a worker's checks for runs whose job vanished from
       Redis (one worker of the fleet checks at a time), and how
       long a queued run must sit unchanged before its missing job counts as lost.
@@ -42,7 +42,7 @@ class JobOptions:
     * ``max_redis_connections``: the Redis connections one process opens for its runs, its
       queue and arq's own work, shared by every run (a command waits for a free one); the
       event readers of an app and a worker's control watcher hold theirs apart.
-    * ``key_prefix``: prefix of the plugin's own Redis keys (session locks, retry counters,
+    * ``key_prefix``: prefix of the plugin's own Redis keys (retry counters, report markers,
       and under ``{key_prefix}run:`` each run's event stream and control keys).
     * ``events``: publish each background run's events to its Redis stream (read by
       ``GET {prefix}/runs/{run_id}/events``); ``events_maxlen`` bounds the stream,

@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Sequence
@@ -29,17 +28,14 @@ from agent_plugin.events import RunEnded
 from agent_plugin.jobs.args import RunArgs, RunHandle, idempotent_run_id
 from agent_plugin.jobs.options import JobOptions
 from agent_plugin.jobs.redis import (
-    SessionLock,
     dumps,
     heartbeat_key,
     idempotency_key,
     loads,
-    lock_key,
     quietly,
     reaching_redis,
     redis_error,
     redis_settings,
-    session_busy,
 )
 from agent_plugin.jobs.scale import bound_connections, enqueue_job
 from agent_plugin.live import RunControlChannel, RunEventStream, open_events
@@ -87,7 +83,7 @@ class HeartbeatStats(BaseModel):
 class RunQueue:
     """Background runs seen from an app (or a worker that enqueues follow-ups and ticks).
 
-    Built from the settings (Redis URL, route prefix, session lock policy), the run store and
+    Built from the settings (Redis URL, route prefix, session policy), the run store and
     the :class:`JobOptions`. The Redis connection opens on first use (an app that never
     enqueues never needs Redis); a failure to reach it is an ``unavailable``
     :class:`AgentError` naming the URL with its password hidden.
@@ -188,55 +184,42 @@ class RunQueue:
 
         A run id that exists already is a no-op (the run is enqueued again only while it is
         still queued, in case its job was lost). With ``session_lock = "reject"``, a session
-        that another run holds answers ``CONFLICT``, and the run holds its session from now
-        on; ``claim_session=False`` leaves the session free until the run starts (follow-ups).
-        A run whose job cannot be queued is not recorded, so the same id can be enqueued again.
+        another run holds (as the records say) answers ``CONFLICT``, and the run holds its
+        session from now on; ``claim_session=False`` leaves the session free until the run is
+        due (follow-ups). A run whose job cannot be queued is not recorded, so the same id can
+        be enqueued again.
         """
         redis = await self.redis()
         if not args.trace and (carrier := trace_carrier()):
             args = args.model_copy(update={"trace": carrier})
         session = args.overrides.session
-        lock = self._claim_for(session, run_id) if claim_session else None
-        claimed = 0
-        if lock is not None:
-            async with self._reaching_redis():
-                claimed = await lock.claim((delay or 0) + self.job_timeout + self.options.lease)
-            if not claimed:
-                raise session_busy(session)
+        created = await self.store.create(
+            run_id,
+            origin=args.origin,
+            args=args.model_dump(mode="json"),
+            session_id=session,
+            memory_scope=args.overrides.memory_scope,
+            not_before=delay,
+        )
+        if not created:
+            record = await self.store.get(run_id)
+            if record is None or record.status is not RunStatus.QUEUED:
+                return self.handle(run_id)
         try:
-            if claimed == 1:
-                await self._refuse_busy_session(session, run_id)
-            created = await self.store.create(
-                run_id,
-                origin=args.origin,
-                args=args.model_dump(mode="json"),
-                session_id=session,
-                memory_scope=args.overrides.memory_scope,
-                not_before=delay,
-            )
-            if not created:
-                record = await self.store.get(run_id)
-                if record is None or record.status is not RunStatus.QUEUED:
-                    if lock is not None and claimed == 1:
-                        await quietly(lock.release())
-                    return self.handle(run_id)
-            try:
-                async with self._reaching_redis():
-                    await enqueue_job(
-                        redis,
-                        AGENT_RUN,
-                        run_id,
-                        job_id=run_id,
-                        queue_name=self.options.queue_name,
-                        defer_by=delay,
-                    )
-            except AgentError:
-                if created:  # unrecorded, so a retry (derived run ids too) can enqueue it
-                    await quietly(self.store.discard(run_id))
-                raise
-        except BaseException:
-            if lock is not None and claimed == 1:
-                await quietly(lock.release())
+            if created and claim_session and await self._rejected(session, run_id):
+                raise _session_busy(session)
+            async with self._reaching_redis():
+                await enqueue_job(
+                    redis,
+                    AGENT_RUN,
+                    run_id,
+                    job_id=run_id,
+                    queue_name=self.options.queue_name,
+                    defer_by=delay,
+                )
+        except AgentError:
+            if created:  # unrecorded, so a retry (derived run ids too) can enqueue it again
+                await quietly(self.store.discard(run_id))
             raise
         logger.info("run %s queued (origin %s)", run_id, args.origin)
         return self.handle(run_id)
@@ -287,34 +270,22 @@ class RunQueue:
         """
         redis = await self.redis()
         record = await self.get(run_id)
-        lock = self._claim_for(record.session_id, run_id)
-        claimed = 0
-        if lock is not None:
-            async with self._reaching_redis():
-                claimed = await lock.claim(self.job_timeout + self.options.lease)
-            if not claimed:
-                raise session_busy(record.session_id)
         job_id = f"{run_id}:resume:{uuid.uuid4().hex}"
+        await self.store.take_paused_state(run_id, list(decisions), job_id=job_id)
         try:
-            if claimed == 1:
-                await self._refuse_busy_session(record.session_id, run_id)
-            await self.store.take_paused_state(run_id, list(decisions), job_id=job_id)
-            try:
-                async with self._reaching_redis():
-                    await redis.enqueue_job(
-                        AGENT_RESUME,
-                        run_id,
-                        _job_id=job_id,
-                        _queue_name=self.options.queue_name,
-                        **_trace_kwargs(),
-                    )
-            except AgentError:
-                # the run awaits approval again: the same decisions can be sent once more
-                await quietly(self.store.return_paused_state(run_id, record.outcome))
-                raise
-        except BaseException:
-            if lock is not None and claimed == 1:
-                await quietly(lock.release())
+            if await self._rejected(record.session_id, run_id):
+                raise _session_busy(record.session_id)
+            async with self._reaching_redis():
+                await redis.enqueue_job(
+                    AGENT_RESUME,
+                    run_id,
+                    _job_id=job_id,
+                    _queue_name=self.options.queue_name,
+                    **_trace_kwargs(),
+                )
+        except AgentError:
+            # the run awaits approval again: the same decisions can be sent once more
+            await quietly(self.store.return_paused_state(run_id, record.outcome))
             raise
         logger.info("run %s: %d decision(s) accepted, resume queued", run_id, len(decisions))
         return self.handle(run_id)
@@ -353,51 +324,24 @@ class RunQueue:
     # --- sessions --------------------------------------------------------------------------
 
     async def session_active(self, session: str | None) -> bool:
-        """Whether a run of ``session`` is active: running (its session lock is held, or its
-        record says ``in_progress``) or queued and due (waiting for a worker).
+        """Whether a run of ``session`` is active, as the records say: in progress, queued and
+        due (waiting for a worker), or waiting for its retry or its resume.
 
         A run booked for later (a follow-up, a delayed run) does not count until its time has
         come, nor does a run paused for approval. No session: False.
         """
         if session is None:
             return False
-        redis = await self.redis()
-        async with self._reaching_redis():
-            if await redis.exists(lock_key(self.options.key_prefix, session)):
-                return True
-        return await self._session_runs_active(redis, session)
+        return await self.store.session_held(session)
 
-    async def _session_runs_active(
-        self, redis: ArqRedis, session: str, *, besides: str | None = None
-    ) -> bool:
-        """Whether the records show a run of ``session`` (other than ``besides``) in progress,
-        or queued and due."""
-        activity = await self.store.session_activity(session, besides=besides)
-        if activity.in_progress:
-            return True
-        if not activity.queued_jobs:
-            return False
-        async with self._reaching_redis(), redis.pipeline(transaction=False) as pipe:
-            for job_id in activity.queued_jobs:
-                pipe.zscore(self.options.queue_name, job_id)
-            scores = await pipe.execute()
-        now_ms = time.time() * 1000
-        return any(score is not None and float(score) <= now_ms for score in scores)
-
-    async def _refuse_busy_session(self, session: str | None, run_id: str) -> None:
-        """Under ``session_lock = "reject"``, after taking a free session lock: refuse the
-        run if another run of the session is due or running all the same (its lock expired
-        while it waited in a long queue, say)."""
-        if session is not None and await self._session_runs_active(
-            await self.redis(), session, besides=run_id
-        ):
-            raise session_busy(session)
-
-    def _claim_for(self, session: str | None, run_id: str) -> SessionLock | None:
+    async def _rejected(self, session: str | None, run_id: str) -> bool:
+        """Under ``session_lock = "reject"``, whether a run just queued in ``session`` is
+        refused: another run holds the session (in progress, waiting, or queued before it).
+        Asked after the run took its place in the session, so of two enqueues that race the
+        later one always sees the earlier."""
         if session is None or self.settings.session_lock != "reject":
-            return None
-        assert self._redis is not None
-        return SessionLock(self._redis, session, run_id, prefix=self.options.key_prefix)
+            return False
+        return await self.store.session_held(session, besides=run_id, reserved=True)
 
     # --- records and events ----------------------------------------------------------------
 
@@ -501,9 +445,6 @@ class RunQueue:
                 pipe.zrem(self.options.queue_name, job)
                 pipe.delete(job_key_prefix + job)
             await pipe.execute()
-            if record.session_id is not None:  # claimed at enqueue; never held by a worker yet
-                prefix = self.options.key_prefix
-                await SessionLock(redis, record.session_id, run_id, prefix=prefix).release()
         if self.options.events and record.outcome is not None:
             stream = RunEventStream(
                 redis,
@@ -557,6 +498,15 @@ class RunQueue:
         return HeartbeatStats.model_validate(
             {key: value for key, value in values.items() if value != ""}
         )
+
+
+def _session_busy(session: str | None) -> AgentError:
+    """The error for a run refused because its session is busy (``session_lock = reject``)."""
+    return AgentError(
+        ErrorKind.CONFLICT,
+        f"session {session!r} already has an active background run; try again when it has "
+        "finished (session_lock = reject)",
+    )
 
 
 def _end_of(record: RunRecord) -> RunEnded | None:

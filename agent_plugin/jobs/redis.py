@@ -1,5 +1,6 @@
-"""Redis for background runs: connection settings that ride out restarts, the serializer,
-the plugin's own keys, and :class:`SessionLock` (one writer per session)."""
+"""Redis for background runs: connection settings that ride out restarts, the serializer and
+the plugin's own keys. (One run of a session at a time is the database's to say: see
+:mod:`agent_plugin.storage.session_turns`.)"""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ import dataclasses
 import hashlib
 import json
 import logging
-import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Final, Literal, TypeVar, cast
+from typing import Any, Final, TypeVar
 
-from arq.connections import ArqRedis, RedisSettings
+from arq.connections import RedisSettings
 from arq.jobs import SerializationError, deserialize_job_raw
 from redis.asyncio.retry import Retry as RedisRetry
 from redis.backoff import ExponentialBackoff
@@ -34,19 +34,16 @@ __all__ = [
     "OUTAGE_LOG_EVERY",
     "RETRIED",
     "OutageRetry",
-    "SessionLock",
     "dumps",
     "heartbeat_key",
     "job_function",
     "loads",
-    "lock_key",
     "ms",
     "now_ms",
     "quietly",
     "reaching_redis",
     "redis_error",
     "redis_settings",
-    "session_busy",
 ]
 
 
@@ -171,96 +168,6 @@ def redis_error(url: str, error: BaseException) -> AgentError:
     )
 
 
-_CLAIM: Final = """
-local holder = redis.call('get', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return 2
-end
-if holder then return 0 end
-redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-_RENEW: Final = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE: Final = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
-end
-return 0
-"""
-
-
-class SessionLock:
-    """One writer per session: a Redis key holding the id of the run that owns the session.
-
-    ``claim`` takes a free lock or renews one the same run already holds (a retried or
-    re-delivered run gets its own lock back at once); every hold expires after ``ttl``
-    seconds unless renewed, so a dead worker never blocks a session for long.
-    """
-
-    def __init__(self, redis: ArqRedis, session_id: str, run_id: str, *, prefix: str) -> None:
-        self.redis = redis
-        self.key = lock_key(prefix, session_id)
-        self.session_id = session_id
-        self.run_id = run_id
-        self.held = False
-        self.taken = False
-        """This holder took the lock when it was free (not a renewal of the same run's hold)."""
-
-    def __repr__(self) -> str:
-        return f"SessionLock(session={self.session_id!r}, run={self.run_id!r}, held={self.held})"
-
-    async def claim(self, ttl: float) -> Literal[0, 1, 2]:
-        """0: another run holds it; 1: taken now; 2: this run held it already (renewed)."""
-        result = await self._eval(_CLAIM, str(ms(ttl)))
-        self.held = self.held or result != 0
-        self.taken = self.taken or result == 1
-        return 1 if result == 1 else 2 if result == 2 else 0
-
-    async def renew(self, ttl: float) -> bool:
-        """Extend a held lock; ``False`` if the lock is no longer this run's."""
-        kept = bool(await self._eval(_RENEW, str(ms(ttl))))
-        self.held = kept
-        return kept
-
-    async def release(self) -> None:
-        """Give the lock up (only if this run holds it)."""
-        await self._eval(_RELEASE)
-        self.held = False
-
-    async def holder(self) -> str | None:
-        """The run that holds the lock now, if any."""
-        value = await self.redis.get(self.key)
-        return value.decode() if isinstance(value, bytes) else value
-
-    async def _eval(self, script: str, *args: str) -> int:
-        reply = self.redis.eval(script, 1, self.key, self.run_id, *args)
-        return int(await cast(Awaitable[Any], reply))
-
-    async def wait(
-        self,
-        ttl: float,
-        *,
-        free: Callable[[], Awaitable[bool]] | None = None,
-        poll_cap: float = 1.0,
-    ) -> None:
-        """Claim the lock, waiting with backoff while another run holds it.
-
-        ``free`` is asked before a claim: while it answers ``False`` the lock is not taken even
-        if nobody holds it (the run queue uses it to let a crashed run finish first). Bounded by
-        the caller's time limit (the job timeout); cancellation-safe.
-        """
-        delay = 0.05
-        while not ((free is None or await free()) and await self.claim(ttl)):
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, poll_cap)
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -277,11 +184,6 @@ def ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-def lock_key(prefix: str, session: str) -> str:
-    """The key of a session's lock."""
-    return f"{prefix}session-lock:{session}"
-
-
 def idempotency_key(prefix: str, key: str) -> str:
     """The key that remembers what an ``Idempotency-Key`` was first used for (by its hash:
     the client's key itself is never stored)."""
@@ -291,15 +193,6 @@ def idempotency_key(prefix: str, key: str) -> str:
 def heartbeat_key(prefix: str) -> str:
     """The hash that counts the heartbeat's ticks across every worker."""
     return f"{prefix}heartbeat"
-
-
-def session_busy(session: str | None) -> AgentError:
-    """The error for a run refused because its session is busy (``session_lock = reject``)."""
-    return AgentError(
-        ErrorKind.CONFLICT,
-        f"session {session!r} already has an active background run; try again when it has "
-        "finished (session_lock = reject)",
-    )
 
 
 @asynccontextmanager
@@ -313,7 +206,7 @@ async def reaching_redis(url: str) -> AsyncIterator[None]:
 
 
 async def quietly(work: Awaitable[Any]) -> None:
-    """Best-effort clean-up (a lock released, a record put back): log a failure instead of
+    """Best-effort clean-up (a key deleted, a record put back): log a failure instead of
     hiding the error being handled."""
     try:
         await work

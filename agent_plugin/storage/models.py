@@ -60,6 +60,9 @@ NAMING_CONVENTION: Final = {
 }
 """Deterministic constraint names, so migrations can name (and drop) what they create."""
 
+ONE_RUNNING_PER_SESSION: Final = "status = 'in_progress' AND session_id IS NOT NULL"
+"""Where the unique index of ``agent_runs(session_id)`` applies: the runs in progress."""
+
 
 def utcnow() -> datetime:
     """The current time, timezone-aware, in UTC."""
@@ -204,7 +207,8 @@ class RunRow(Base):
     ``lease_until`` the time before which no other delivery may start it (its worker's lease,
     or a retry's backoff). ``session_seq`` is the run's place in its session's queue (given
     when it is enqueued, and again when its resume is): runs of a session take their turns in
-    that order.
+    that order. At most one run of a session is ``in_progress`` at a time (a partial unique
+    index): the database refuses to start a second.
     """
 
     __tablename__ = "agent_runs"
@@ -217,6 +221,13 @@ class RunRow(Base):
         sa.Index(None, "session_id"),
         sa.Index(None, "created_at", "run_id"),
         sa.Index(None, "session_id", "session_seq", unique=True),
+        sa.Index(
+            "ux_agent_runs_session_id_in_progress",
+            "session_id",
+            unique=True,
+            sqlite_where=sa.text(ONE_RUNNING_PER_SESSION),
+            postgresql_where=sa.text(ONE_RUNNING_PER_SESSION),
+        ),
     )
 
     run_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)

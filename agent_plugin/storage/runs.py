@@ -25,9 +25,8 @@ from typing import Any, Final, TypeVar
 import sqlalchemy as sa
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 from sqlalchemy import exc
-from sqlalchemy.orm import aliased
 
-from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
+from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind, SessionTaken
 from agent_plugin.events import OutcomeSummary
 from agent_plugin.journal import JournalEntry
 from agent_plugin.messages import TokenUsage
@@ -71,8 +70,9 @@ from agent_plugin.storage.run_sql import (
     read_status,
     record_of,
 )
+from agent_plugin.storage.session_turns import session_held
 
-__all__ = ["SessionActivity", "SqlRunJournal", "SqlRunStore", "StalledRun", "database_now"]
+__all__ = ["SqlRunJournal", "SqlRunStore", "StalledRun", "database_now"]
 
 _RUN_ID_MAX: Final = 64
 _ORIGIN_MAX: Final = 64
@@ -83,16 +83,6 @@ T = TypeVar("T")
 _CANCELLABLE: Final = (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL)
 _CANCEL_TRIES: Final = 3
 _START_TRIES: Final = 3
-
-
-@dataclass(frozen=True, slots=True)
-class SessionActivity:
-    """The other runs of a session (see :meth:`SqlRunStore.session_activity`)."""
-
-    in_progress: bool
-    """Another run of the session is in progress."""
-    queued_jobs: list[str]
-    """The job ids of the session's queued runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,56 +249,14 @@ class SqlRunStore(PausedRuns):
         or waiting for its retry or its resume (a run booked for later that has never started
         does not hold the turn until it is due). Runs of a session so start in the order they
         were enqueued (their ``session_seq``), whatever Redis remembers."""
-        me = aliased(RUNS)
-        other = aliased(RUNS)
-        earlier = sa.and_(
-            other.status == RunStatus.QUEUED.value,
-            other.session_seq < me.session_seq,
-            sa.or_(
-                other.attempt > 0,
-                other.lease_until.is_(None),
-                other.lease_until <= database_now(),
-            ),
-        )
-        query = (
-            sa.select(other.run_id)
-            .select_from(me)
-            .join(other, other.session_id == me.session_id)
-            .where(
-                me.run_id == run_id,
-                me.session_id == session_id,
-                other.run_id != run_id,
-                sa.or_(other.status == RunStatus.IN_PROGRESS.value, earlier),
-            )
-            .limit(1)
-        )
-        async with self.database.read() as conn:
-            return (await conn.execute(query)).first() is None
+        return not await session_held(self.database, session_id, besides=run_id)
 
-    async def session_activity(
-        self, session_id: str, *, besides: str | None = None
-    ) -> SessionActivity:
-        """What other runs of ``session_id`` (all but ``besides``) are doing: whether one is in
-        progress, and the job ids of those that are queued (due or not)."""
-        query = (
-            sa.select(RUNS.run_id, RUNS.job_id, RUNS.status)
-            .where(
-                RUNS.session_id == session_id,
-                RUNS.status.in_([RunStatus.QUEUED.value, RunStatus.IN_PROGRESS.value]),
-                RUNS.run_id != besides if besides is not None else sa.true(),
-            )
-            .limit(100)
-        )
-        async with self.database.read() as conn:
-            found = (await conn.execute(query)).all()
-        return SessionActivity(
-            in_progress=any(status == RunStatus.IN_PROGRESS.value for _, _, status in found),
-            queued_jobs=[
-                job_id or run_id
-                for run_id, job_id, status in found
-                if status == RunStatus.QUEUED.value
-            ],
-        )
+    async def session_held(
+        self, session_id: str, *, besides: str | None = None, reserved: bool = False
+    ) -> bool:
+        """Whether another run of ``session_id`` holds it (see
+        :func:`agent_plugin.storage.session_turns.session_held`): one query."""
+        return await session_held(self.database, session_id, besides=besides, reserved=reserved)
 
     async def start(
         self,
@@ -333,12 +281,18 @@ class SqlRunStore(PausedRuns):
         * ``resume``: decisions accepted for a paused run are its resume's; any other delivery
           is refused (``CONFLICT``), since a stale delivery of the paused run would run the
           approved calls a second time.
+
+        A run of a session whose other run is in progress is refused by the database:
+        :class:`~agent_plugin.errors.SessionTaken` (a ``CONFLICT``; wait for the turn).
         """
         statement = STARTS[job_id is not None, not resume]
         for _ in range(_START_TRIES):
             values = {"run": run_id, "now": utcnow(), "job": job_id, "lease": lease or 0.0}
-            async with self.database.alone(write=True) as conn:
-                row = (await conn.execute(statement, values)).one_or_none()
+            try:
+                async with self.database.alone(write=True) as conn:
+                    row = (await conn.execute(statement, values)).one_or_none()
+            except exc.IntegrityError:  # the one-run-in-progress-per-session index
+                raise SessionTaken(run_id) from None
             if row is not None:
                 return record_of(row._mapping)
             refusal = await self._start_refusal(run_id, job_id, resume=resume)
