@@ -311,6 +311,7 @@ class AgentPlugin:
             secrets=self.secrets,
             environ=dict(self._environ) if self._environ is not None else None,
             outputs=dict(self._outputs),
+            pacing_prefix=None if options is None else f"{options.key_prefix}pacing:",
         )
 
     def check_always_on(self) -> None:
