@@ -109,6 +109,8 @@ _INT_FIELDS: Final = frozenset(
         "database_pool_size",
         "database_max_overflow",
         "database_pool_timeout_secs",
+        "pacing_rpm",
+        "pacing_tpm",
     }
 )
 _BOOL_FIELDS: Final = frozenset({"prompt_caching"})
@@ -143,6 +145,8 @@ _ACCEPTED: Final[dict[str, str]] = {
     "model_client": "an import path such as tests.models:support_bot, or unset",
     "mcp_servers": "[[agent.mcp_servers]] tables in the file (or a list of tables in code)",
     "endpoint": "an [agent.endpoint] table: name (a known profile) and the profile's fields",
+    "pacing_rpm": "a whole number of model calls per minute, or unset for no limit",
+    "pacing_tpm": "a whole number of tokens per minute, or unset for no limit",
 }
 
 

@@ -138,55 +138,50 @@ class ModelCaller:
     def call(self, request: ChatRequest) -> Awaitable[ChatResponse]:
         """The model call, bounded by the deadline and the cancel token when the run has them
         (without them, the client's own call: a coroutine fewer alive across the call)."""
-        call: Awaitable[ChatResponse] = self.telemetry.chat(
+        call = self.send(request) if self.pacer is None else self.paced(self.pacer, request)
+        if self.deadline is None and self.cancel is None:
+            return call
+        return self.bounded(call)
+
+    def send(self, request: ChatRequest) -> Awaitable[ChatResponse]:
+        """The client's call (or stream, read to the end) inside its span."""
+        return self.telemetry.chat(
             read_stream(self.model, request, run_id=self.run_id, emit=self.emit, output=self.output)
             if self.streaming
             else self.model.chat(request),
             request,
         )
-        if self.pacer is not None:
-            call = self.paced(self.pacer, call, request)
-        if self.deadline is None and self.cancel is None:
-            return call
-        return self.bounded(call)
 
-    async def paced(
-        self, pacer: Pacer, call: Awaitable[ChatResponse], request: ChatRequest
-    ) -> ChatResponse:
-        """``call`` once the pacer lets it go (a wait past the deadline is the deadline), and
-        the provider's rate-limit headers told to the pacer after it."""
+    async def paced(self, pacer: Pacer, request: ChatRequest) -> ChatResponse:
+        """The call once the pacer lets it go (a wait past the deadline is the deadline), the
+        provider's rate-limit headers told to the pacer after it."""
         from agent_plugin.budget import estimate_messages
 
         provider = self.telemetry.provider
         model = request.model or self.telemetry.model or "default"
-        try:
-            tokens = estimate_messages(request.messages) + (request.max_tokens or 0)
-            deadline = self.deadline
-            left = None if deadline is None else deadline - asyncio.get_running_loop().time()
-            wait = await pacer.acquire(provider, model, tokens, max_wait=left)
-            if not wait.granted:
-                raise DeadlinePassed
-            if wait.limit is not None and wait.seconds > 0:
-                if self.emit is not None:
-                    self.emit(
-                        PacingWait(
-                            run_id=self.run_id,
-                            wait_seconds=round(wait.seconds, 3),
-                            limit=wait.limit,
-                            provider=provider,
-                            model=model,
-                        )
+        tokens = estimate_messages(request.messages) + (request.max_tokens or 0)
+        deadline = self.deadline
+        left = None if deadline is None else deadline - asyncio.get_running_loop().time()
+        wait = await pacer.acquire(provider, model, tokens, max_wait=left)
+        if not wait.granted:
+            raise DeadlinePassed
+        if wait.limit is not None and wait.seconds > 0:
+            if self.emit is not None:
+                self.emit(
+                    PacingWait(
+                        run_id=self.run_id,
+                        wait_seconds=round(wait.seconds, 3),
+                        limit=wait.limit,
+                        provider=provider,
+                        model=model,
                     )
-                with self.telemetry.paced(wait.seconds, wait.limit, model):
-                    await asyncio.sleep(wait.seconds)
-        except BaseException:
-            if asyncio.iscoroutine(call):
-                call.close()  # never started: no "never awaited" warning
-            raise
+                )
+            with self.telemetry.paced(wait.seconds, wait.limit, model):
+                await asyncio.sleep(wait.seconds)
         heard: list[Mapping[str, str]] = []
         listening = heard_headers.set(heard.append)
         try:
-            response = await call
+            response = await self.send(request)
         except AgentError:
             if heard:
                 await pacer.observe(provider, model, heard[-1])
