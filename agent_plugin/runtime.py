@@ -57,7 +57,7 @@ from agent_plugin.toolsets import (
 if TYPE_CHECKING:
     import httpx
 
-    from agent_plugin.pacing import Pacer
+    from agent_plugin.pacing import Pacer, PacingConfig
     from agent_plugin.storage import Database, SqlRunStore
 
 __all__ = ["AgentRuntime", "ModelFactory", "RuntimeSpec", "check_always_on", "open_runtime"]
@@ -354,8 +354,9 @@ class RuntimeSpec:
     servers) are started at opening, with those of the settings' ``mcp_servers``.
     ``secrets``: values the app wants redacted by value, beside the configured key and
     URL passwords. ``outputs``: the output types a run may name, by name.
-    ``pacing_prefix``: with pacing limits set, pace across the fleet in Redis under this key
-    prefix (``None``: in this process only).
+    ``pacing``: limits replacing the settings' pacing keys; ``pacing_prefix``: with pacing
+    limits set, pace across the fleet in Redis under this key prefix (``None``: in this
+    process only).
     """
 
     tools: tuple[Tool, ...] = ()
@@ -378,6 +379,7 @@ class RuntimeSpec:
     secrets: tuple[str, ...] = field(default=(), repr=False)
     environ: dict[str, str] | None = field(default=None, repr=False)
     outputs: Mapping[str, Output[Any]] = field(default_factory=dict)
+    pacing: PacingConfig | None = None
     pacing_prefix: str | None = None
 
     @property
@@ -484,7 +486,7 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
             toolsets=toolsets,
             outputs=spec.outputs,
             owns_client=owns_client,
-            pacer=pacer_for(settings, spec.pacing_prefix),
+            pacer=pacer_for(settings, spec.pacing_prefix, spec.pacing),
         )
         runtime.check_tool_names()
         runtime.register_secrets(_configured_secrets(spec, settings))
@@ -516,10 +518,13 @@ def _toolsets_for(spec: RuntimeSpec, settings: AgentSettings) -> list[Toolset]:
     return [*spec.toolsets, *configured_servers(settings.mcp_servers)]
 
 
-def pacer_for(settings: AgentSettings, redis_prefix: str | None) -> Pacer | None:
-    """The pacer the settings' pacing limits ask for: shared in Redis under ``redis_prefix``,
-    or in this process without one; ``None`` when no limit is set."""
-    config = settings.pacing_config()
+def pacer_for(
+    settings: AgentSettings, redis_prefix: str | None, config: PacingConfig | None = None
+) -> Pacer | None:
+    """The pacer of ``config`` (default: the settings' pacing limits): shared in Redis under
+    ``redis_prefix``, or in this process without one; ``None`` when no limit is set."""
+    if config is None:
+        config = settings.pacing_config()
     if not config.active:
         return None
     if redis_prefix is None:

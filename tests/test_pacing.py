@@ -528,6 +528,9 @@ async def test_settings_make_a_pacer_per_model(tmp_path: Path) -> None:
     assert isinstance(shared, RedisPacer)
     await shared.aclose()
     assert pacer_for(AgentSettings.load(environ={}), "agent:pacing:") is None
+    given = pacer_for(AgentSettings.load(environ={}), None, config(requests=3, per=1.0))
+    assert isinstance(given, LocalPacer)
+    assert given.config.limits_for("any") == PaceLimits(3, per=1.0)
 
 
 @pytest.mark.parametrize(
