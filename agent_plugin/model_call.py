@@ -153,8 +153,9 @@ class ModelCaller:
         )
 
     async def paced(self, pacer: Pacer, request: ChatRequest) -> ChatResponse:
-        """The call once the pacer lets it go (a wait past the deadline is the deadline), the
-        provider's rate-limit headers told to the pacer after it."""
+        """The call once the pacer lets it go (a wait past the deadline is the deadline); then
+        the pacer hears the provider's rate-limit headers and gets back the tokens of the
+        estimate the call did not use (all of them when it failed)."""
         from agent_plugin.budget import estimate_messages
 
         provider = self.telemetry.provider
@@ -183,13 +184,13 @@ class ModelCaller:
         try:
             response = await self.send(request)
         except AgentError:
-            if heard:
-                await pacer.observe(provider, model, heard[-1])
+            await pacer.observe(provider, model, heard[-1] if heard else None, unused_tokens=tokens)
             raise
         finally:
             heard_headers.reset(listening)
-        if heard:
-            await pacer.observe(provider, model, heard[-1])
+        used = response.usage.total()
+        unused = tokens - used if used else 0  # no usage reported: keep the estimate
+        await pacer.observe(provider, model, heard[-1] if heard else None, unused_tokens=unused)
         return response
 
     async def bounded(self, call: Awaitable[ChatResponse]) -> ChatResponse:

@@ -3,9 +3,9 @@
 A :class:`Pacer` keeps a token bucket per provider and model for each limit: it is full at
 the limit, refills at the limit per ``per`` seconds, and each call takes one request and its
 estimated tokens. :meth:`Pacer.acquire` reserves them and says how long to wait first;
-:meth:`Pacer.observe` lowers the buckets when the provider's rate-limit headers say fewer
-remain. :class:`LocalPacer` keeps its buckets in the process;
-:class:`~agent_plugin.live.pacing.RedisPacer` shares them across workers.
+:meth:`Pacer.observe` gives back the tokens the call did not use and lowers the buckets when
+the provider's rate-limit headers say fewer remain. :class:`LocalPacer` keeps its buckets in
+the process; :class:`~agent_plugin.live.pacing.RedisPacer` shares them across workers.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ __all__ = [
     "heard_headers",
     "heard_of",
     "read_rate_headers",
+    "settlements",
 ]
 
 LimitName: TypeAlias = Literal["requests", "tokens"]
@@ -144,8 +145,16 @@ class Pacer(Protocol):
         wait before the call may be sent. A wait over ``max_wait`` takes nothing."""
         ...
 
-    async def observe(self, provider: str, model: str, headers: Mapping[str, str]) -> None:
-        """Lower the buckets to what the provider's rate-limit ``headers`` say remains."""
+    async def observe(
+        self,
+        provider: str,
+        model: str,
+        headers: Mapping[str, str] | None,
+        *,
+        unused_tokens: int = 0,
+    ) -> None:
+        """After a call: give back the ``unused_tokens`` of its estimate, then lower the
+        buckets to what the provider's rate-limit ``headers`` say remains."""
         ...
 
     async def aclose(self) -> None: ...
@@ -212,18 +221,20 @@ class LocalPacer:
             self._buckets[(provider, model, name)] = _Bucket(level - cost, now)
         return PaceWait(wait, which) if which is not None else NO_WAIT
 
-    async def observe(self, provider: str, model: str, headers: Mapping[str, str]) -> None:
-        heard = read_rate_headers(headers)
-        if heard is None:
-            return
+    async def observe(
+        self,
+        provider: str,
+        model: str,
+        headers: Mapping[str, str] | None,
+        *,
+        unused_tokens: int = 0,
+    ) -> None:
         limits = self.config.limits_for(model)
         now = self._now()
-        for name, capacity, _ in bucket_costs(limits, 0):
-            rate = capacity / limits.per
+        for name, capacity, give, top in settlements(limits, headers, unused_tokens):
             key = (provider, model, name)
-            level = _refilled(self._buckets.get(key), capacity, rate, now)
-            remaining, reset = heard_of(heard, name)
-            self._buckets[key] = _Bucket(min(level, ceiling(remaining, reset, capacity, rate)), now)
+            level = _refilled(self._buckets.get(key), capacity, capacity / limits.per, now)
+            self._buckets[key] = _Bucket(min(level + give, capacity, top), now)
 
     async def aclose(self) -> None:
         self._buckets.clear()
@@ -237,6 +248,24 @@ def bucket_costs(limits: PaceLimits, tokens: int) -> list[tuple[LimitName, float
     if limits.tokens is not None:
         costs.append(("tokens", limits.tokens, min(float(tokens), limits.tokens)))
     return costs
+
+
+def settlements(
+    limits: PaceLimits, headers: Mapping[str, str] | None, unused_tokens: int
+) -> list[tuple[LimitName, float, float, float]]:
+    """What a call's end does to each limited bucket: (name, capacity, tokens given back, the
+    most it may then hold); empty when it changes nothing."""
+    heard = None if headers is None else read_rate_headers(headers)
+    changes: list[tuple[LimitName, float, float, float]] = []
+    for name, capacity, _ in bucket_costs(limits, 0):
+        give = float(max(unused_tokens, 0)) if name == "tokens" else 0.0
+        top = capacity
+        if heard is not None:
+            remaining, reset = heard_of(heard, name)
+            top = ceiling(remaining, reset, capacity, capacity / limits.per)
+        if give > 0 or top < capacity:
+            changes.append((name, capacity, give, top))
+    return changes
 
 
 def heard_of(heard: Heard, name: LimitName) -> tuple[float | None, float | None]:

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from agent_plugin.agent import Agent
 from agent_plugin.config import AgentSettings
-from agent_plugin.errors import AgentError
+from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, PacingWait, event_adapter
 from agent_plugin.live.pacing import RedisPacer
 from agent_plugin.options import RunOptions
@@ -123,6 +123,17 @@ async def test_tokens_are_paced_by_the_estimate_and_one_call_never_needs_more_th
     huge = await pacer.acquire("openai", MODEL, 50_000)
     assert huge.limit == "tokens"
     assert huge.seconds == pytest.approx(0.3 + 1.0, abs=0.05)
+
+
+async def test_tokens_a_call_did_not_use_come_back(pacer_of: PacerOf) -> None:
+    pacer = pacer_of(config(requests=100, tokens=1000, per=60.0))
+    assert (await pacer.acquire("openai", MODEL, 800)).seconds == 0.0
+    await pacer.observe("openai", MODEL, None, unused_tokens=600)  # it used 200
+    assert (await pacer.acquire("openai", MODEL, 700)).seconds == 0.0
+    # never past the limit
+    await pacer.observe("openai", MODEL, None, unused_tokens=50_000)
+    assert (await pacer.acquire("openai", MODEL, 1000)).seconds == 0.0
+    assert (await pacer.acquire("openai", MODEL, 60)).seconds == pytest.approx(3.6, abs=0.1)
 
 
 async def test_a_wait_past_max_wait_takes_nothing(pacer_of: PacerOf) -> None:
@@ -349,6 +360,26 @@ async def test_a_wait_past_the_deadline_ends_the_run_as_the_deadline_does() -> N
     assert (await pacer.acquire("scripted", MODEL, 1, max_wait=0)).seconds == pytest.approx(
         30.0, abs=1.5
     )
+
+
+async def test_a_run_keeps_only_the_tokens_its_calls_used() -> None:
+    # each request may ask for up to 32000 tokens: reserved before the call, given back after
+    pacer = LocalPacer(config(tokens=100_000, per=60.0))
+    turn = await Agent(two_calls(), tools=[lookup], pacer=pacer).run("weather?")
+    assert isinstance(turn.outcome, Completed)
+    used = turn.outcome.usage.total()
+    assert 0 < used < 1000
+    left = await pacer.acquire("scripted", MODEL, 100_000 - used - 10, max_wait=0)
+    assert left.granted
+    assert left.seconds == 0.0
+
+
+async def test_a_failed_call_gives_its_tokens_back() -> None:
+    pacer = LocalPacer(config(tokens=100_000, per=60.0))
+    failing = ScriptedModel([AgentError(ErrorKind.INVALID, "bad request")], models=(MODEL,))
+    with pytest.raises(AgentError):
+        await Agent(failing, pacer=pacer).run("hi")
+    assert (await pacer.acquire("scripted", MODEL, 100_000, max_wait=0)).seconds == 0.0
 
 
 async def test_without_a_pacer_nothing_waits() -> None:

@@ -1,6 +1,6 @@
 """The pacing buckets of a fleet, in Redis: :class:`RedisPacer`.
 
-One Lua script takes from (or lowers) the requests and tokens buckets of a provider and model
+One Lua script takes from (or settles) the requests and tokens buckets of a provider and model
 at once, refilled by the time passed on Redis's own clock, so every worker and app sees the
 same buckets. Keys: ``<prefix><provider>:<model>:requests`` and ``...:tokens`` (default
 prefix ``agent:pacing:``), each a hash of its level and when it was set, expiring when full.
@@ -22,9 +22,7 @@ from agent_plugin.pacing import (
     PaceWait,
     PacingConfig,
     bucket_costs,
-    ceiling,
-    heard_of,
-    read_rate_headers,
+    settlements,
 )
 
 __all__ = ["DEFAULT_PACING_PREFIX", "RedisPacer"]
@@ -33,9 +31,10 @@ logger = logging.getLogger("agent_plugin.live")
 
 DEFAULT_PACING_PREFIX: Final = "agent:pacing:"
 
-# KEYS: the requests bucket, the tokens bucket. ARGV: op ("take" or "lower"), max_wait (< 0:
-# any), then per bucket capacity (0: not limited), refill per second, and the amount (take:
-# the cost; lower: the most it may hold). Returns {wait seconds, limit name, granted 1/0}.
+# KEYS: the requests bucket, the tokens bucket. ARGV: op ("take" or "settle"), max_wait (< 0:
+# any), then per bucket its capacity (0: not limited), refill per second, amount (take: the
+# cost; settle: the most it may hold after) and what a settle gives back first. Returns
+# {wait seconds, limit name, granted 1/0}.
 _SCRIPT: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -45,10 +44,11 @@ local names = {'requests', 'tokens'}
 local wait, which = 0, ''
 local levels = {}
 for i = 1, 2 do
-  local capacity = tonumber(ARGV[3 * i])
+  local base = 4 * i - 1
+  local capacity = tonumber(ARGV[base])
   if capacity > 0 then
-    local rate = tonumber(ARGV[3 * i + 1])
-    local amount = tonumber(ARGV[3 * i + 2])
+    local rate = tonumber(ARGV[base + 1])
+    local amount = tonumber(ARGV[base + 2])
     local saved = redis.call('HMGET', KEYS[i], 'level', 'at')
     local level = capacity
     if saved[1] then
@@ -59,7 +59,7 @@ for i = 1, 2 do
       if need > wait then wait = need; which = names[i] end
       level = level - amount
     else
-      level = math.min(level, amount)
+      level = math.min(level + tonumber(ARGV[base + 3]), capacity, amount)
     end
     levels[i] = {level, capacity, rate}
   end
@@ -121,7 +121,7 @@ class RedisPacer:
         limits = self.config.limits_for(model)
         if not limits.active:
             return NO_WAIT
-        amounts = {name: cost for name, _, cost in bucket_costs(limits, tokens)}
+        amounts = {name: (cost, 0.0) for name, _, cost in bucket_costs(limits, tokens)}
         reply = await self._run(provider, model, "take", limits, amounts, max_wait)
         if reply is None:
             return NO_WAIT
@@ -130,16 +130,20 @@ class RedisPacer:
             return NO_WAIT
         return PaceWait(wait, cast(LimitName, which), granted=granted)
 
-    async def observe(self, provider: str, model: str, headers: Mapping[str, str]) -> None:
+    async def observe(
+        self,
+        provider: str,
+        model: str,
+        headers: Mapping[str, str] | None,
+        *,
+        unused_tokens: int = 0,
+    ) -> None:
         limits = self.config.limits_for(model)
-        heard = read_rate_headers(headers)
-        if heard is None or not limits.active:
+        changes = settlements(limits, headers, unused_tokens)
+        if not changes:
             return
-        amounts: dict[LimitName, float] = {}
-        for name, capacity, _ in bucket_costs(limits, 0):
-            remaining, reset = heard_of(heard, name)
-            amounts[name] = ceiling(remaining, reset, capacity, capacity / limits.per)
-        await self._run(provider, model, "lower", limits, amounts, None)
+        amounts = {name: (top, give) for name, _, give, top in changes}
+        await self._run(provider, model, "settle", limits, amounts, None)
 
     async def _run(
         self,
@@ -147,16 +151,19 @@ class RedisPacer:
         model: str,
         op: str,
         limits: PaceLimits,
-        amounts: Mapping[LimitName, float],
+        amounts: Mapping[LimitName, tuple[float, float]],
         max_wait: float | None,
     ) -> tuple[float, str, bool] | None:
+        """Run the script on ``amounts`` (per bucket: the amount and what is given back; a
+        limited bucket left out is settled to no change)."""
         args: list[str] = [op, repr(-1.0 if max_wait is None else max(max_wait, 0.0))]
         for name, capacity in (("requests", limits.requests), ("tokens", limits.tokens)):
             if capacity is None:
-                args += ["0", "0", "0"]
+                args += ["0", "0", "0", "0"]
             else:
+                amount, give = amounts.get(cast(LimitName, name), (float(capacity), 0.0))
                 args += [repr(float(capacity)), repr(capacity / limits.per)]
-                args.append(repr(float(amounts[cast(LimitName, name)])))
+                args += [repr(float(amount)), repr(float(give))]
         try:
             reply = await self._script(keys=self.keys(provider, model), args=args)
         except RedisError as error:
