@@ -10,7 +10,6 @@ the process; :class:`~agent_plugin.live.pacing.RedisPacer` shares them across wo
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import email.utils
 import math
@@ -193,7 +192,6 @@ class LocalPacer:
     def __init__(self, config: PacingConfig) -> None:
         self.config = config
         self._buckets: dict[tuple[str, str, LimitName], _Bucket] = {}
-        self._lock = asyncio.Lock()
 
     def __repr__(self) -> str:
         return f"LocalPacer({self.config!r})"

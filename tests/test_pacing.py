@@ -43,7 +43,7 @@ from agent_plugin.telemetry import Telemetry
 from agent_plugin.tools import tool
 from tests.httpserver import HttpServer, RecordedRequest, Reply, Stream, reply_json
 from tests.services import REDIS_URL
-from tests.wire import load, openai_stream
+from tests.wire import anthropic_stream, load, openai_stream
 
 MODEL = "paced-model"
 
@@ -421,10 +421,13 @@ def exhausted_openai() -> dict[str, str]:
     return openai_says(0, "2m0s")
 
 
-@pytest.mark.parametrize("kind", ["openai", "openai-stream", "anthropic"])
+@pytest.mark.parametrize("kind", ["openai", "openai-stream", "anthropic", "anthropic-stream"])
 async def test_a_providers_headers_lower_the_bucket_after_its_answer(kind: str) -> None:
     if kind == "anthropic":
         reply: Any = reply_json(ANTHROPIC_BODY, headers=anthropic_says(0, 120.0))
+    elif kind == "anthropic-stream":
+        headers = {"content-type": "text/event-stream", **anthropic_says(0, 120.0)}
+        reply = Stream([anthropic_stream(ANTHROPIC_BODY)], headers=headers)
     elif kind == "openai":
         reply = reply_json(openai_body(), headers=exhausted_openai())
     else:
@@ -432,7 +435,7 @@ async def test_a_providers_headers_lower_the_bucket_after_its_answer(kind: str) 
         reply = Stream([openai_stream(openai_body())], headers=headers)
     async with HttpServer(default=reply) as server:
         client: LlmClient
-        if kind == "anthropic":
+        if kind.startswith("anthropic"):
             client = AnthropicClient(model=MODEL, base_url=server.url, api_key="sk-test")
         else:
             client = OpenAICompatibleClient(model=MODEL, base_url=server.url + "/v1")
