@@ -95,20 +95,19 @@ async def test_a_full_bucket_lets_the_limit_through_then_spaces_calls_out(
     assert all(w.limit is None for w in waits[:4])
     # the fifth waits for a quarter second of refill, the sixth for half a second: reserved
     assert waits[4].limit == waits[5].limit == "requests"
-    assert waits[4].seconds == pytest.approx(0.25, abs=0.05)
-    assert waits[5].seconds == pytest.approx(0.5, abs=0.05)
+    assert waits[4].seconds == pytest.approx(0.25, abs=0.1)
+    assert waits[5].seconds == pytest.approx(0.5, abs=0.1)
 
 
 async def test_the_bucket_refills_with_time(pacer_of: PacerOf) -> None:
-    pacer = pacer_of(config(requests=5, per=0.5))
+    pacer = pacer_of(config(requests=5, per=5.0))  # one back a second
     for _ in range(5):
         assert (await pacer.acquire("openai", MODEL, 1)).seconds == 0.0
-    await asyncio.sleep(0.25)  # half the window: half the bucket back
+    await asyncio.sleep(1.5)  # one and a half back
     assert (await pacer.acquire("openai", MODEL, 1)).seconds == 0.0
-    assert (await pacer.acquire("openai", MODEL, 1)).seconds == 0.0
-    third = await pacer.acquire("openai", MODEL, 1)
-    assert third.limit == "requests"
-    assert 0.0 < third.seconds <= 0.1 + 0.02
+    second = await pacer.acquire("openai", MODEL, 1)
+    assert second.limit == "requests"
+    assert 0.0 < second.seconds <= 0.5  # the half that is missing (less if the sleep overran)
 
 
 async def test_tokens_are_paced_by_the_estimate_and_one_call_never_needs_more_than_the_limit(
@@ -118,11 +117,11 @@ async def test_tokens_are_paced_by_the_estimate_and_one_call_never_needs_more_th
     assert (await pacer.acquire("openai", MODEL, 800)).seconds == 0.0
     second = await pacer.acquire("openai", MODEL, 500)  # 200 left: 300 more needed
     assert second.limit == "tokens"
-    assert second.seconds == pytest.approx(0.3, abs=0.05)
+    assert second.seconds == pytest.approx(0.3, abs=0.1)
     # a call estimated past the whole limit waits for a full bucket, not forever
     huge = await pacer.acquire("openai", MODEL, 50_000)
     assert huge.limit == "tokens"
-    assert huge.seconds == pytest.approx(0.3 + 1.0, abs=0.05)
+    assert huge.seconds == pytest.approx(0.3 + 1.0, abs=0.1)
 
 
 async def test_tokens_a_call_did_not_use_come_back(pacer_of: PacerOf) -> None:
@@ -266,13 +265,15 @@ def anthropic_says(remaining: int, reset_in: float) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    "says", [openai_says(2, "20ms"), anthropic_says(2, 0.0)], ids=["openai", "anthropic"]
+    "says",
+    [lambda: openai_says(2, "20ms"), lambda: anthropic_says(2, 0.0)],
+    ids=["openai", "anthropic"],
 )
 async def test_fewer_remaining_than_the_bucket_holds_lowers_it(
-    pacer_of: PacerOf, says: dict[str, str]
+    pacer_of: PacerOf, says: Callable[[], dict[str, str]]
 ) -> None:
     pacer = pacer_of(config(requests=100, per=60.0))
-    await pacer.observe("openai", MODEL, says)
+    await pacer.observe("openai", MODEL, says())
     waits = [await pacer.acquire("openai", MODEL, 1) for _ in range(3)]
     assert [w.seconds for w in waits[:2]] == [0.0, 0.0]
     assert waits[2].limit == "requests"
@@ -280,14 +281,16 @@ async def test_fewer_remaining_than_the_bucket_holds_lowers_it(
 
 
 @pytest.mark.parametrize(
-    "says", [openai_says(0, "2m0s"), anthropic_says(0, 120.0)], ids=["openai", "anthropic"]
+    "says",
+    [lambda: openai_says(0, "2m0s"), lambda: anthropic_says(0, 120.0)],
+    ids=["openai", "anthropic"],
 )
 async def test_a_reset_later_than_the_bucket_would_refill_holds_it_back(
-    pacer_of: PacerOf, says: dict[str, str]
+    pacer_of: PacerOf, says: Callable[[], dict[str, str]]
 ) -> None:
     # the bucket (10 a minute) would be whole in one minute; the provider says two
     pacer = pacer_of(config(requests=10, per=60.0))
-    await pacer.observe("openai", MODEL, says)
+    await pacer.observe("openai", MODEL, says())
     wait = await pacer.acquire("openai", MODEL, 1, max_wait=0)
     assert not wait.granted
     assert wait.seconds == pytest.approx(66.0, abs=1.5)  # whole at 120 s: one token at 66 s
@@ -319,20 +322,20 @@ async def test_a_wait_is_an_event_and_a_span_of_the_run() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     telemetry = Telemetry(tracer_provider=provider)
-    pacer = LocalPacer(config(requests=1, per=0.3))
+    pacer = LocalPacer(config(requests=1, per=1.0))
     agent = Agent(two_calls(), tools=[lookup], pacer=pacer, telemetry=telemetry)
     events: list[AgentEvent] = []
     started = time.monotonic()
     turn = await agent.run("weather?", options=RunOptions(on_event=events.append))
     assert isinstance(turn.outcome, Completed)
-    assert time.monotonic() - started >= 0.29
+    assert time.monotonic() - started >= 0.99
     waits = [e for e in events if isinstance(e, PacingWait)]
     assert len(waits) == 1
     (wait,) = waits
     assert wait.limit == "requests"
     assert wait.provider == "scripted"
     assert wait.model == MODEL
-    assert 0 < wait.wait_seconds <= 0.3  # the second call goes 0.3 s after the first
+    assert 0 < wait.wait_seconds <= 1.0  # the second call goes a second after the first
     assert event_adapter.validate_json(event_adapter.dump_json(wait)) == wait
     types = [e.type for e in events]
     assert types.index("pacing_wait") < types.index("model_response", types.index("tool_end"))
