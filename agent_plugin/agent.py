@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # these load on first use, not with the core
         OutputType,
         OutputValidator,
     )
+    from agent_plugin.pacing import Pacer
     from agent_plugin.skills import Skill
     from agent_plugin.telemetry import Telemetry
 
@@ -96,6 +97,8 @@ class Agent(Generic[AgentOutputT]):
     much (checked before each call; every call must be priced, see :mod:`agent_plugin.pricing`).
     ``telemetry`` says where runs' spans and metrics go and how model calls are priced
     (default: OpenTelemetry's global providers, ``genai-prices`` where installed).
+    ``pacer`` holds each model call back under requests- and tokens-per-minute limits
+    (:mod:`agent_plugin.pacing`).
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class Agent(Generic[AgentOutputT]):
         output_retries: int | None = None,
         output_validators: Iterable[OutputValidator[AgentOutputT]] = (),
         telemetry: Telemetry | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         if per_tool_output_limit < 1:
             raise AgentError.config(
@@ -178,6 +182,7 @@ class Agent(Generic[AgentOutputT]):
             telemetry = default_telemetry()
         self.telemetry: Telemetry = telemetry
         """Spans, metrics and prices of runs (:mod:`agent_plugin.telemetry`)."""
+        self.pacer = pacer
 
     def __repr__(self) -> str:
         output = f", output={self.output.label}" if self.output is not None else ""

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator
@@ -34,6 +34,9 @@ from pydantic_settings import (
 )
 
 from agent_plugin.errors import AgentError
+
+if TYPE_CHECKING:
+    from agent_plugin.pacing import PacingConfig
 
 __all__ = [
     "API_KEY_ENV",
@@ -106,6 +109,8 @@ _INT_FIELDS: Final = frozenset(
         "database_pool_size",
         "database_max_overflow",
         "database_pool_timeout_secs",
+        "pacing_rpm",
+        "pacing_tpm",
     }
 )
 _BOOL_FIELDS: Final = frozenset({"prompt_caching"})
@@ -140,6 +145,8 @@ _ACCEPTED: Final[dict[str, str]] = {
     "model_client": "an import path such as tests.models:support_bot, or unset",
     "mcp_servers": "[[agent.mcp_servers]] tables in the file (or a list of tables in code)",
     "endpoint": "an [agent.endpoint] table: name (a known profile) and the profile's fields",
+    "pacing_rpm": "a whole number of model calls per minute, or unset for no limit",
+    "pacing_tpm": "a whole number of tokens per minute, or unset for no limit",
 }
 
 
@@ -309,6 +316,17 @@ class AgentSettings(BaseSettings):
         description='[agent.prices."<model>"]: USD per million tokens (input, output, '
         "cache_read, cache_write) over the genai-prices table.",
     )
+    pacing_rpm: int | None = Field(
+        default=None, ge=1, description="Model calls per minute per model, across the fleet."
+    )
+    pacing_tpm: int | None = Field(
+        default=None, ge=1, description="Tokens per minute per model, across the fleet."
+    )
+    pacing: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description='[agent.pacing."<model>"]: rpm and tpm of one model, replacing '
+        "pacing_rpm and pacing_tpm for it.",
+    )
 
     @field_validator("fallback_models")
     @classmethod
@@ -329,6 +347,23 @@ class AgentSettings(BaseSettings):
             except AgentError as error:
                 raise ValueError(error.message) from None
         return value
+
+    @field_validator("pacing")
+    @classmethod
+    def _check_pacing(cls, value: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        from agent_plugin.pacing import PacingConfig
+
+        try:
+            PacingConfig.of(None, None, value)
+        except AgentError as error:
+            raise ValueError(error.message) from None
+        return value
+
+    def pacing_config(self) -> PacingConfig:
+        """The pacing limits these settings describe (:mod:`agent_plugin.pacing`)."""
+        from agent_plugin.pacing import PacingConfig
+
+        return PacingConfig.of(self.pacing_rpm, self.pacing_tpm, self.pacing)
 
     @field_validator("provider", mode="before")
     @classmethod

@@ -57,6 +57,7 @@ __all__ = [
     "ModelResponded",
     "OutcomeSummary",
     "OutputDelta",
+    "PacingWait",
     "PendingApproval",
     "RetryExhausted",
     "RetryScheduled",
@@ -317,6 +318,17 @@ class RunEnded(_Event):
         return cls(run_id=run_id, summary=OutcomeSummary.of(outcome), outcome=outcome)
 
 
+class PacingWait(_Event):
+    """The model call waited ``wait_seconds`` before it was sent, for the ``limit`` (requests
+    or tokens per minute) of ``provider`` and ``model`` (see ``agent_plugin.pacing``)."""
+
+    type: Literal["pacing_wait"] = "pacing_wait"
+    wait_seconds: float
+    limit: Literal["requests", "tokens"]
+    provider: str
+    model: str
+
+
 AgentEvent: TypeAlias = Annotated[
     RunStarted
     | TurnStarted
@@ -337,7 +349,8 @@ AgentEvent: TypeAlias = Annotated[
     | Steered
     | Compacted
     | TurnEnded
-    | RunEnded,
+    | RunEnded
+    | PacingWait,
     Field(discriminator="type"),
 ]
 

@@ -240,6 +240,7 @@ class RunLoop:
             cancel=self.cancel,
             steering=self.steering,
             refold=self.refold,
+            pacer=getattr(agent, "pacer", None),  # an Agent's pacer (LoopAgent need not have one)
         )
         self.rounds = ToolRound(
             tools=agent.tools,

@@ -3,21 +3,23 @@
 A run's model call is the client's own call (or its stream, read to the end), bounded by the
 run's deadline and cancel token when it has them, abandoned when an ``interrupt`` message
 comes first, and answered by one fold of the history when the provider says the context is
-too long. Every ``retry_scheduled`` event the call caused gets its end event here.
+too long. Every ``retry_scheduled`` event the call caused gets its end event here. With a
+pacer, the call first waits its turn under the pacing limits (a ``pacing_wait`` event).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent_plugin.cancellation import CancelToken, RunCancelled, until_cancelled
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.events import ModelFallback
+from agent_plugin.events import ModelFallback, PacingWait
 from agent_plugin.messages import ChatMessage
 from agent_plugin.model_stream import read_stream
 from agent_plugin.options import EventSink
+from agent_plugin.pacing import Pacer, heard_headers
 from agent_plugin.providers.base import ChatRequest, ChatResponse, LlmClient
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.retrying import CallRetries
@@ -52,6 +54,7 @@ class ModelCaller:
         "emit",
         "model",
         "output",
+        "pacer",
         "refold",
         "retries",
         "run_id",
@@ -73,6 +76,7 @@ class ModelCaller:
         cancel: CancelToken | None,
         steering: Steering | None,
         refold: Refold,
+        pacer: Pacer | None = None,
     ) -> None:
         self.model = model
         self.run_id = run_id
@@ -84,6 +88,7 @@ class ModelCaller:
         self.cancel = cancel
         self.steering = steering
         self.refold = refold
+        self.pacer = pacer
         self.retries = CallRetries(run_id, emit) if emit is not None else None
 
     @property
@@ -133,15 +138,60 @@ class ModelCaller:
     def call(self, request: ChatRequest) -> Awaitable[ChatResponse]:
         """The model call, bounded by the deadline and the cancel token when the run has them
         (without them, the client's own call: a coroutine fewer alive across the call)."""
-        call: Awaitable[ChatResponse] = self.telemetry.chat(
+        call = self.send(request) if self.pacer is None else self.paced(self.pacer, request)
+        if self.deadline is None and self.cancel is None:
+            return call
+        return self.bounded(call)
+
+    def send(self, request: ChatRequest) -> Awaitable[ChatResponse]:
+        """The client's call (or stream, read to the end) inside its span."""
+        return self.telemetry.chat(
             read_stream(self.model, request, run_id=self.run_id, emit=self.emit, output=self.output)
             if self.streaming
             else self.model.chat(request),
             request,
         )
-        if self.deadline is None and self.cancel is None:
-            return call
-        return self.bounded(call)
+
+    async def paced(self, pacer: Pacer, request: ChatRequest) -> ChatResponse:
+        """The call once the pacer lets it go (a wait past the deadline is the deadline); then
+        the pacer hears the provider's rate-limit headers and gets back the tokens of the
+        estimate the call did not use (all of them when it failed)."""
+        from agent_plugin.budget import estimate_messages
+
+        provider = self.telemetry.provider
+        model = request.model or self.telemetry.model or "default"
+        tokens = estimate_messages(request.messages) + (request.max_tokens or 0)
+        deadline = self.deadline
+        left = None if deadline is None else deadline - asyncio.get_running_loop().time()
+        wait = await pacer.acquire(provider, model, tokens, max_wait=left)
+        if not wait.granted:
+            raise DeadlinePassed
+        if wait.limit is not None and wait.seconds > 0:
+            if self.emit is not None:
+                self.emit(
+                    PacingWait(
+                        run_id=self.run_id,
+                        wait_seconds=round(wait.seconds, 3),
+                        limit=wait.limit,
+                        provider=provider,
+                        model=model,
+                    )
+                )
+            with self.telemetry.paced(wait.seconds, wait.limit, model):
+                await asyncio.sleep(wait.seconds)
+        heard: list[Mapping[str, str]] = []
+        listening = heard_headers.set(heard.append)
+        try:
+            response = await self.send(request)
+        except AgentError:
+            await pacer.observe(provider, model, heard[-1] if heard else None, unused_tokens=tokens)
+            raise
+        finally:
+            heard_headers.reset(listening)
+        used = response.usage.total()
+        unused = tokens - used if used else 0  # no usage reported: keep the estimate
+        await pacer.observe(provider, model, heard[-1] if heard else None, unused_tokens=unused)
+        return response
 
     async def bounded(self, call: Awaitable[ChatResponse]) -> ChatResponse:
         try:

@@ -57,6 +57,7 @@ from agent_plugin.toolsets import (
 if TYPE_CHECKING:
     import httpx
 
+    from agent_plugin.pacing import Pacer, PacingConfig
     from agent_plugin.storage import Database, SqlRunStore
 
 __all__ = ["AgentRuntime", "ModelFactory", "RuntimeSpec", "check_always_on", "open_runtime"]
@@ -104,8 +105,11 @@ class AgentRuntime:
         outputs: Mapping[str, Output[Any]] = _NO_OUTPUTS,
         owns_client: bool = False,
         telemetry: Telemetry | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         self.settings = settings
+        self.pacer = pacer
+        """Holds every agent's model calls under the pacing limits (None: no pacing)."""
         self.telemetry = telemetry if telemetry is not None else telemetry_of(settings)
         """Spans, metrics and prices of every agent the runtime builds."""
         self.outputs: Mapping[str, Output[Any]] = dict(outputs)
@@ -240,6 +244,7 @@ class AgentRuntime:
             compaction=self.compaction,
             output_type=output,
             telemetry=self.telemetry,
+            pacer=self.pacer,
         )
 
     def register_secrets(self, values: Iterable[str | None]) -> None:
@@ -297,6 +302,8 @@ class AgentRuntime:
             await _close_delivery(self.delivery)
             if self.database is not None:
                 await self.database.dispose()
+            if self.pacer is not None:
+                await self.pacer.aclose()
         finally:
             try:
                 if self._owns_client:
@@ -347,6 +354,9 @@ class RuntimeSpec:
     servers) are started at opening, with those of the settings' ``mcp_servers``.
     ``secrets``: values the app wants redacted by value, beside the configured key and
     URL passwords. ``outputs``: the output types a run may name, by name.
+    ``pacing``: limits replacing the settings' pacing keys; ``pacing_prefix``: with pacing
+    limits set, pace across the fleet in Redis under this key prefix (``None``: in this
+    process only).
     """
 
     tools: tuple[Tool, ...] = ()
@@ -369,6 +379,8 @@ class RuntimeSpec:
     secrets: tuple[str, ...] = field(default=(), repr=False)
     environ: dict[str, str] | None = field(default=None, repr=False)
     outputs: Mapping[str, Output[Any]] = field(default_factory=dict)
+    pacing: PacingConfig | None = None
+    pacing_prefix: str | None = None
 
     @property
     def needs_database(self) -> bool:
@@ -474,6 +486,7 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
             toolsets=toolsets,
             outputs=spec.outputs,
             owns_client=owns_client,
+            pacer=pacer_for(settings, spec.pacing_prefix, spec.pacing),
         )
         runtime.check_tool_names()
         runtime.register_secrets(_configured_secrets(spec, settings))
@@ -503,6 +516,24 @@ def _toolsets_for(spec: RuntimeSpec, settings: AgentSettings) -> list[Toolset]:
     from agent_plugin.mcp import configured_servers
 
     return [*spec.toolsets, *configured_servers(settings.mcp_servers)]
+
+
+def pacer_for(
+    settings: AgentSettings, redis_prefix: str | None, config: PacingConfig | None = None
+) -> Pacer | None:
+    """The pacer of ``config`` (default: the settings' pacing limits): shared in Redis under
+    ``redis_prefix``, or in this process without one; ``None`` when no limit is set."""
+    if config is None:
+        config = settings.pacing_config()
+    if not config.active:
+        return None
+    if redis_prefix is None:
+        from agent_plugin.pacing import LocalPacer
+
+        return LocalPacer(config)
+    from agent_plugin.live.pacing import RedisPacer
+
+    return RedisPacer.from_url(settings.redis_url, config, prefix=redis_prefix)
 
 
 def telemetry_of(settings: AgentSettings) -> Telemetry:

@@ -551,6 +551,23 @@ class RunTelemetry:
         )
         span.set_attribute("agent_plugin.fallback.model", notice.to_model)
 
+    def paced(
+        self, seconds: float, limit: str, model: str
+    ) -> contextlib.AbstractContextManager[object]:
+        """A ``pacing_wait`` span around the wait before a model call (nothing when inactive)."""
+        if self.instruments is None:
+            return contextlib.nullcontext()
+        return self.instruments.tracer.start_as_current_span(
+            "pacing_wait",
+            attributes={
+                "agent_plugin.run.id": self.run_id,
+                "agent_plugin.pacing.wait_seconds": seconds,
+                "agent_plugin.pacing.limit": limit,
+                "gen_ai.provider.name": self.provider,
+                "gen_ai.request.model": model,
+            },
+        )
+
     # --- tool calls ----------------------------------------------------------------------
 
     async def tool(self, call: ToolCall, execution: Awaitable[ToolOutput]) -> ToolOutput:

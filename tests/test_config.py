@@ -149,6 +149,11 @@ def test_full_section_parses(tmp_path: Path) -> None:
         max_request_bytes = 65536
         fallback_models = ["claude-haiku-4-5"]
         trace_content = true
+        pacing_rpm = 450
+
+        [agent.pacing."claude-haiku-4-5"]
+        rpm = 900
+        tpm = 400000
 
         [agent.prices."claude-opus-4-1"]
         input = 15
@@ -189,6 +194,9 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "fallback_models": ["claude-haiku-4-5"],
         "trace_content": True,
         "prices": {"claude-opus-4-1": {"input": 15.0, "output": 75.0, "cache_read": 1.5}},
+        "pacing_rpm": 450,
+        "pacing_tpm": None,
+        "pacing": {"claude-haiku-4-5": {"rpm": 900, "tpm": 400000}},
     }
     assert settings.resolved_model() == "claude-opus-4-1"
     assert settings.resolved_base_url() == "https://proxy.example.com"
@@ -424,6 +432,9 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "fallback_models": [],
         "trace_content": False,
         "prices": {},
+        "pacing_rpm": None,
+        "pacing_tpm": None,
+        "pacing": {},
     }
 
 

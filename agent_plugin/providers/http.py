@@ -23,6 +23,7 @@ from typing import Any, Final
 import httpx
 
 from agent_plugin.errors import BODY_LIMIT, AgentError, ErrorKind
+from agent_plugin.pacing import heard_headers
 from agent_plugin.providers.encoding import dumps
 from agent_plugin.providers.engines import DEFAULT_LIMITS, Engine, HttpxEngine, Opened
 from agent_plugin.providers.failures import failure_kind, failure_note
@@ -317,6 +318,8 @@ class HttpTransport:
                 status, headers, data = await self._engine.exchange(method, path, method, content)
             except httpx.HTTPError as exc:
                 raise self._transport_error(exc) from None
+            if (listener := heard_headers.get()) is not None:
+                listener(headers)
             return self._decoded(status, headers, data)
         except AgentError as error:
             if retrying:
@@ -348,6 +351,8 @@ class HttpTransport:
             response = await self._engine.open("POST", path, "SSE", content)
         except httpx.HTTPError as exc:
             raise self._transport_error(exc) from None
+        if (listener := heard_headers.get()) is not None:
+            listener(response.headers)
         if not 200 <= response.status < 300:
             try:
                 text = _text(await response.read(), response.headers)

@@ -49,6 +49,8 @@ from agent_plugin.web.routes import DEFAULT_BODY_LIMIT, agent_router
 if TYPE_CHECKING:
     import httpx
 
+    from agent_plugin.pacing import PacingConfig
+
 __all__ = ["AgentPlugin", "Configurer"]
 
 logger = logging.getLogger("agent_plugin")
@@ -99,6 +101,9 @@ class AgentPlugin:
       background run names (``enqueue(prompt, output="ticket")``, ``"output": "ticket"`` in
       ``POST {prefix}/runs``); the run's record then holds its output as JSON, and the run
       routes' OpenAPI schema documents them. Also :meth:`output`.
+    * ``pacing``: a :class:`~agent_plugin.pacing.PacingConfig` replacing the settings'
+      ``pacing_rpm``, ``pacing_tpm`` and ``pacing`` (limits per another window, say); paced
+      through Redis with background runs on, in the process otherwise.
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class AgentPlugin:
         jobs: JobOptions | bool | None = None,
         secrets: Iterable[str] = (),
         outputs: Mapping[str, OutputType[Any] | Output[Any]] | None = None,
+        pacing: PacingConfig | None = None,
     ) -> None:
         self._tools: list[Tool] = list(tools)
         self._toolsets: list[Toolset] = list(toolsets)
@@ -154,6 +160,7 @@ class AgentPlugin:
         self.secrets = tuple(secrets)
         """Values redacted by value wherever they appear, beside the configured API key and the
         passwords of the configured URLs (a token a tool uses, say)."""
+        self.pacing = pacing
         self._outputs: dict[str, Output[Any]] = {}
         for name, output in (outputs or {}).items():
             self.output(name, output)
@@ -311,6 +318,8 @@ class AgentPlugin:
             secrets=self.secrets,
             environ=dict(self._environ) if self._environ is not None else None,
             outputs=dict(self._outputs),
+            pacing=self.pacing,
+            pacing_prefix=None if options is None else f"{options.key_prefix}pacing:",
         )
 
     def check_always_on(self) -> None:
