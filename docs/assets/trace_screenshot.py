@@ -355,7 +355,6 @@ def shoot(directory: Path, url: str, chromium: str) -> None:
             "SHOT_TOKEN": uuid.uuid4().hex[:12],
             "SHOT_READY": str(ready),
             "OTEL_EXPORTER_OTLP_ENDPOINT": url,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_RESOURCE_ATTRIBUTES": f"openinference.project.name={PROJECT}",
         }
     )
