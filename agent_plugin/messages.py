@@ -306,9 +306,11 @@ class TokenUsage(_Model):
 
 
 def _cost_sum(a: float | None, b: float | None) -> float | None:
+    """Dollars added up to a trillionth, so that sums read as prices do (0.000324, not
+    0.00032399999999999996)."""
     if a is None:
         return b
-    return a if b is None else a + b
+    return a if b is None else round(a + b, 12)
 
 
 _UNANSWERED = '{"error":"no result was recorded for this call"}'

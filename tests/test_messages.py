@@ -552,3 +552,10 @@ def test_results_split_over_several_tool_messages_are_merged() -> None:
     assert [m.role for m in repaired] == [Role.USER, Role.ASSISTANT, Role.TOOL]
     contents = [p.tool_result.content for p in repaired[2].content]  # type: ignore[union-attr]
     assert contents == ["A", "B"]
+
+
+def test_costs_add_up_as_prices_do() -> None:
+    """Three calls of 0.000108 USD cost 0.000324 USD, not 0.00032399999999999996."""
+    call = TokenUsage(input_tokens=1, output_tokens=1, cost_usd=0.000108)
+    assert (call + call + call).cost_usd == 0.000324
+    assert (call + TokenUsage(input_tokens=1, output_tokens=1)).cost_usd == 0.000108
