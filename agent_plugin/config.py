@@ -249,6 +249,22 @@ class AgentSettings(BaseSettings):
     max_cost_usd: float | None = Field(
         default=None, gt=0, description="USD per run; every call must be priced (prices)."
     )
+    budget_session_usd: float | None = Field(
+        default=None, gt=0, description="USD the runs of one session may spend together."
+    )
+    budget_scope_usd: float | None = Field(
+        default=None, gt=0, description="USD the runs of one memory scope may spend together."
+    )
+    budget_day_usd: float | None = Field(
+        default=None, gt=0, description="USD all runs may spend in one UTC day."
+    )
+    budget_warn_fraction: float | None = Field(
+        default=0.8, gt=0, lt=1, description="A budget_warning event at this share of a window."
+    )
+    budget_on_exhausted: Literal["wrap_up", "stop"] = Field(
+        default="wrap_up",
+        description="A window without room: one wrap-up call, or stop (budget_exhausted).",
+    )
     startup_wait_secs: int = Field(
         default=30,
         ge=0,

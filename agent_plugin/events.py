@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentEvent",
     "ApprovalRequired",
+    "BudgetSpent",
+    "BudgetWarning",
     "Compacted",
     "ModelFallback",
     "ModelRequestStarted",
@@ -317,6 +319,24 @@ class RunEnded(_Event):
         return cls(run_id=run_id, summary=OutcomeSummary.of(outcome), outcome=outcome)
 
 
+class BudgetSpent(_Event):
+    """A model call's cost (``None``: unpriced, its hold was kept) and, by window name
+    (``session``, ``scope``, ``day``), what each of the run's windows has spent since."""
+
+    type: Literal["budget_spent"] = "budget_spent"
+    cost_usd: float | None
+    windows: dict[str, float]
+
+
+class BudgetWarning(_Event):
+    """A window has spent ``warn_fraction`` of its limit (told once per run and window)."""
+
+    type: Literal["budget_warning"] = "budget_warning"
+    window: str
+    spent_usd: float
+    limit_usd: float
+
+
 AgentEvent: TypeAlias = Annotated[
     RunStarted
     | TurnStarted
@@ -337,7 +357,9 @@ AgentEvent: TypeAlias = Annotated[
     | Steered
     | Compacted
     | TurnEnded
-    | RunEnded,
+    | RunEnded
+    | BudgetSpent
+    | BudgetWarning,
     Field(discriminator="type"),
 ]
 

@@ -96,6 +96,7 @@ from agent_plugin.providers.base import (
     LlmClient,
 )
 from agent_plugin.rounds import ToolRound
+from agent_plugin.spend import Spending, WindowExhausted
 from agent_plugin.tools import (
     ToolRegistry,
     error_payload,
@@ -170,6 +171,9 @@ class LoopAgent(Protocol):
     @property
     def telemetry(self) -> Telemetry: ...
 
+    @property
+    def spending(self) -> Spending | None: ...
+
     def definitions(self) -> tuple[ToolDefinition, ...]: ...
 
     async def system_message(self) -> ChatMessage | None: ...
@@ -240,6 +244,7 @@ class RunLoop:
             cancel=self.cancel,
             steering=self.steering,
             refold=self.refold,
+            spending=agent.spending,
         )
         self.rounds = ToolRound(
             tools=agent.tools,
@@ -382,8 +387,10 @@ class RunLoop:
             await self.journal.record(Appended(messages=[message]))
         return None
 
-    def exhausted(self, reason: BudgetReason) -> BudgetExhausted:
-        return BudgetExhausted(reason=reason, steps_used=self.steps_used, usage=self.usage)
+    def exhausted(self, reason: BudgetReason, window: str | None = None) -> BudgetExhausted:
+        return BudgetExhausted(
+            reason=reason, window=window, steps_used=self.steps_used, usage=self.usage
+        )
 
     def cancelled(self) -> Cancelled:
         reason = self.cancel.reason if self.cancel is not None else "cancelled"
@@ -553,6 +560,8 @@ class RunLoop:
                 return self.cancelled()
             except Interrupted:
                 continue  # the message joins at the top, and the model is asked again
+            except WindowExhausted as spent:
+                return self.exhausted("window", spent.window)
             control = None
             for after in hooks.after_model:
                 control = await after(response, info) or control

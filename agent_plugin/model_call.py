@@ -3,7 +3,8 @@
 A run's model call is the client's own call (or its stream, read to the end), bounded by the
 run's deadline and cancel token when it has them, abandoned when an ``interrupt`` message
 comes first, and answered by one fold of the history when the provider says the context is
-too long. Every ``retry_scheduled`` event the call caused gets its end event here.
+too long. Every ``retry_scheduled`` event the call caused gets its end event here. With
+spending windows, the call goes through the run's :class:`~agent_plugin.spend.RunSpend`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from agent_plugin.steering import Steering
 if TYPE_CHECKING:
     from agent_plugin.output import Output
     from agent_plugin.providers.base import FallbackNotice
+    from agent_plugin.spend import RunSpend, Spending
     from agent_plugin.telemetry import RunTelemetry
 
 __all__ = ["DeadlinePassed", "Interrupted", "ModelCaller"]
@@ -55,6 +57,7 @@ class ModelCaller:
         "refold",
         "retries",
         "run_id",
+        "spend",
         "steering",
         "streaming",
         "telemetry",
@@ -73,6 +76,7 @@ class ModelCaller:
         cancel: CancelToken | None,
         steering: Steering | None,
         refold: Refold,
+        spending: Spending | None = None,
     ) -> None:
         self.model = model
         self.run_id = run_id
@@ -84,6 +88,9 @@ class ModelCaller:
         self.cancel = cancel
         self.steering = steering
         self.refold = refold
+        self.spend: RunSpend | None = None
+        if spending is not None:
+            self.spend = spending.run(run_id=run_id, telemetry=telemetry, emit=emit)
         self.retries = CallRetries(run_id, emit) if emit is not None else None
 
     @property
@@ -96,8 +103,19 @@ class ModelCaller:
         context overflow met by folding the history once and asking again.
 
         Raises :class:`DeadlinePassed`, :class:`Interrupted` or
-        :class:`~agent_plugin.cancellation.RunCancelled` when the call was stopped.
+        :class:`~agent_plugin.cancellation.RunCancelled` when the call was stopped, and
+        :class:`~agent_plugin.spend.WindowExhausted` when a spending window has no room.
         """
+        if self.spend is None:
+            return await self.ask(request, None)
+        spent = self.spend.call(request, self.ask)  # its wait for room is bounded too
+        return await (
+            spent if self.deadline is None and self.cancel is None else self.bounded(spent)
+        )
+
+    async def ask(self, request: ChatRequest, note: ChatMessage | None) -> ChatResponse:
+        """:meth:`answer` without the spending windows; ``note`` (a wrap-up's instruction)
+        stays the last message of a folded history too."""
         retries = self.retries
         steering = self.steering
         folded = False
@@ -124,7 +142,7 @@ class ModelCaller:
                     raise
                 folded = True
                 # the same request with the folded history (a hook's edits to it are not kept)
-                request.messages = messages
+                request.messages = messages if note is None else [*messages, note]
                 continue
             if retries is not None:
                 retries.succeeded()

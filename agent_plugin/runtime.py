@@ -44,6 +44,7 @@ from agent_plugin.providers.base import LlmClient
 from agent_plugin.redaction import register_secret, unregister_secret
 from agent_plugin.sessions import SessionStore
 from agent_plugin.skills import Skill, load_skills
+from agent_plugin.spend import BudgetWindows, SpendLedger
 from agent_plugin.telemetry import Telemetry
 from agent_plugin.tools import Tool, ToolRegistry
 from agent_plugin.toolsets import (
@@ -104,8 +105,13 @@ class AgentRuntime:
         outputs: Mapping[str, Output[Any]] = _NO_OUTPUTS,
         owns_client: bool = False,
         telemetry: Telemetry | None = None,
+        ledger: SpendLedger | None = None,
     ) -> None:
         self.settings = settings
+        self.windows = windows_of(settings)
+        """The spending windows every agent's runs share (``[agent] budget_*``)."""
+        self.ledger = ledger
+        """Where the windows' totals live (``None``: each agent's own, in its process)."""
         self.telemetry = telemetry if telemetry is not None else telemetry_of(settings)
         """Spans, metrics and prices of every agent the runtime builds."""
         self.outputs: Mapping[str, Output[Any]] = dict(outputs)
@@ -240,6 +246,8 @@ class AgentRuntime:
             compaction=self.compaction,
             output_type=output,
             telemetry=self.telemetry,
+            budget_windows=self.windows,
+            spend_ledger=self.ledger,
         )
 
     def register_secrets(self, values: Iterable[str | None]) -> None:
@@ -301,6 +309,9 @@ class AgentRuntime:
             try:
                 if self._owns_client:
                     await self.client.aclose()
+                close = getattr(self.ledger, "aclose", None)
+                if close is not None:
+                    await close()
             finally:
                 for value in self._secrets:
                     unregister_secret(value)
@@ -346,7 +357,8 @@ class RuntimeSpec:
     ``auto_migrate`` ``None``: migrate SQLite, only check PostgreSQL. ``toolsets`` (MCP
     servers) are started at opening, with those of the settings' ``mcp_servers``.
     ``secrets``: values the app wants redacted by value, beside the configured key and
-    URL passwords. ``outputs``: the output types a run may name, by name.
+    URL passwords. ``outputs``: the output types a run may name, by name. ``key_prefix``:
+    the prefix of the plugin's Redis keys (the spending windows' among them).
     """
 
     tools: tuple[Tool, ...] = ()
@@ -369,10 +381,34 @@ class RuntimeSpec:
     secrets: tuple[str, ...] = field(default=(), repr=False)
     environ: dict[str, str] | None = field(default=None, repr=False)
     outputs: Mapping[str, Output[Any]] = field(default_factory=dict)
+    key_prefix: str = "agent:"
 
     @property
     def needs_database(self) -> bool:
         return self.session_store is None or self.memory_store == "sql" or self.run_records
+
+
+def windows_of(settings: AgentSettings) -> BudgetWindows:
+    """The spending windows the settings configure (``budget_*``)."""
+    return BudgetWindows(
+        session_usd=settings.budget_session_usd,
+        scope_usd=settings.budget_scope_usd,
+        day_usd=settings.budget_day_usd,
+        warn_fraction=settings.budget_warn_fraction,
+        on_exhausted=settings.budget_on_exhausted,
+    )
+
+
+def _ledger_for(settings: AgentSettings, prefix: str) -> SpendLedger | None:
+    """A ledger in Redis (``redis_url``) when the settings configure a window: every worker and
+    the app then spend from the same totals."""
+    if not windows_of(settings).any:
+        return None
+    from redis.asyncio import Redis
+
+    from agent_plugin.live.spend import RedisLedger
+
+    return RedisLedger(Redis.from_url(settings.redis_url), prefix=prefix, owns=True)
 
 
 def check_always_on(spec: RuntimeSpec) -> None:
@@ -474,6 +510,7 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
             toolsets=toolsets,
             outputs=spec.outputs,
             owns_client=owns_client,
+            ledger=_ledger_for(settings, spec.key_prefix),
         )
         runtime.check_tool_names()
         runtime.register_secrets(_configured_secrets(spec, settings))

@@ -311,6 +311,7 @@ class AgentPlugin:
             secrets=self.secrets,
             environ=dict(self._environ) if self._environ is not None else None,
             outputs=dict(self._outputs),
+            key_prefix=options.key_prefix if options is not None else "agent:",
         )
 
     def check_always_on(self) -> None:
