@@ -108,6 +108,15 @@ _INT_FIELDS: Final = frozenset(
         "database_pool_timeout_secs",
     }
 )
+_FLOAT_FIELDS: Final = frozenset(
+    {
+        "max_cost_usd",
+        "budget_session_usd",
+        "budget_scope_usd",
+        "budget_day_usd",
+        "budget_warn_fraction",
+    }
+)
 _BOOL_FIELDS: Final = frozenset({"prompt_caching"})
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -128,6 +137,12 @@ _ACCEPTED: Final[dict[str, str]] = {
     "prompt_caching": "true or false",
     "max_run_secs": "a whole number from 1 to 86400, or unset for no limit",
     "startup_wait_secs": "a whole number from 0 to 3600",
+    "max_cost_usd": "a number of US dollars above 0, or unset for no limit",
+    "budget_session_usd": "a number of US dollars above 0, or unset for no window",
+    "budget_scope_usd": "a number of US dollars above 0, or unset for no window",
+    "budget_day_usd": "a number of US dollars above 0, or unset for no window",
+    "budget_warn_fraction": "a number between 0 and 1",
+    "budget_on_exhausted": "wrap_up or stop",
     "redis_url": "a redis://, rediss:// or unix:// URL",
     "database_url": "an SQLAlchemy URL such as sqlite+aiosqlite:///./agent.db",
     "database_pool_size": "a whole number from 1 to 1000",
@@ -840,6 +855,13 @@ def _parse_env(name: str, variable: str, raw: str) -> Any:
                 f"{variable} must be a whole number, got {raw!r} (accepted: {_ACCEPTED[name]})"
             )
         return int(text)
+    if name in _FLOAT_FIELDS:
+        try:
+            return float(text)
+        except ValueError:
+            raise AgentError.config(
+                f"{variable} must be a number, got {raw!r} (accepted: {_ACCEPTED[name]})"
+            ) from None
     if name in _BOOL_FIELDS:
         word = text.lower()
         if word in _TRUE:

@@ -31,7 +31,7 @@ for i = 1, n do
   for _, member in ipairs(redis.call('ZRANGE', holds, 0, -1)) do
     used = used + tonumber(string.match(member, '|(.*)$'))
   end
-  local limit = tonumber(ARGV[4 + 2 * i])
+  local limit = tonumber(ARGV[3 + 2 * i])
   if spent + amount > limit then
     return {i, tostring(used), 0}
   end
@@ -44,7 +44,7 @@ if busy ~= nil then
 end
 for i = 1, n do
   redis.call('ZADD', KEYS[2 * i], ARGV[4], ARGV[2])
-  local ttl = tonumber(ARGV[5 + 2 * i])
+  local ttl = tonumber(ARGV[4 + 2 * i])
   if ttl > 0 then
     redis.call('EXPIRE', KEYS[2 * i], ttl)
   end
