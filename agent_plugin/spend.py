@@ -23,7 +23,6 @@ from agent_plugin.events import BudgetSpent, BudgetWarning
 from agent_plugin.messages import ChatMessage, TokenUsage
 from agent_plugin.options import EventSink
 from agent_plugin.providers.base import ChatRequest, ChatResponse
-from agent_plugin.providers.profiles import EndpointProfile
 
 if TYPE_CHECKING:
     from agent_plugin.telemetry import RunTelemetry
@@ -315,7 +314,7 @@ class Spending:
     ) -> RunSpend:
         """The spending of one run; a model whose endpoint cannot take ``tool_choice`` gets
         no wrap-up call (the run stops ``budget_exhausted`` instead)."""
-        profile = getattr(telemetry.client, "profile", None)
+        profile = getattr(telemetry.client, "profile", None)  # an EndpointProfile, if any
         return RunSpend(
             self.windows,
             self.ledger,
@@ -324,6 +323,6 @@ class Spending:
             scope=self.scope,
             price=telemetry.cost_of,
             emit=emit,
-            can_wrap_up=not isinstance(profile, EndpointProfile) or profile.tool_choice,
+            can_wrap_up=getattr(profile, "tool_choice", True) is not False,
             model=telemetry.model,
         )
