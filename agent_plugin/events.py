@@ -268,6 +268,8 @@ class OutcomeSummary(BaseModel):
     tool: str | None = None
     repeats: int | None = None
     awaiting: list[PendingApproval] = Field(default_factory=list)
+    window: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The spending window a ``budget_exhausted`` run found without room."""
 
     @classmethod
     def of(cls, outcome: AgentOutcome) -> OutcomeSummary:
@@ -277,7 +279,9 @@ class OutcomeSummary(BaseModel):
             text = isinstance(value, str) and value == outcome.text
             output = None if text else to_jsonable_python(value, by_alias=True)
             return summary.model_copy(update={"text": outcome.text, "output": output})
-        if isinstance(outcome, BudgetExhausted | Cancelled | Paused):
+        if isinstance(outcome, BudgetExhausted):
+            return summary.model_copy(update={"reason": outcome.reason, "window": outcome.window})
+        if isinstance(outcome, Cancelled | Paused):
             return summary.model_copy(update={"reason": outcome.reason})
         if isinstance(outcome, OutputInvalid):
             return summary.model_copy(update={"reason": outcome.message})

@@ -18,9 +18,9 @@ from agent_plugin.agent import Agent
 from agent_plugin.compaction import Compaction
 from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.events import AgentEvent, BudgetSpent, BudgetWarning
+from agent_plugin.events import AgentEvent, BudgetSpent, BudgetWarning, OutcomeSummary
 from agent_plugin.live.spend import RedisLedger
-from agent_plugin.messages import ChatMessage
+from agent_plugin.messages import ChatMessage, TokenUsage
 from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import BudgetExhausted, Completed
 from agent_plugin.pricing import ModelPrice, Prices
@@ -237,6 +237,13 @@ async def test_a_run_stops_budget_exhausted_naming_the_window() -> None:
     assert (outcome.reason, outcome.window) == ("window", "scope")
     assert model.calls == 0
     assert outcome.model_dump()["window"] == "scope"
+    summary = OutcomeSummary.of(outcome)  # what records and streams carry
+    assert (summary.reason, summary.window) == ("window", "scope")
+    # other outcomes' summaries have no window key at all
+    assert (
+        "window"
+        not in OutcomeSummary.of(Completed(text="", steps_used=0, usage=TokenUsage())).model_dump()
+    )
 
 
 async def test_calls_are_settled_at_their_cost_and_told() -> None:

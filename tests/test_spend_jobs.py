@@ -29,7 +29,7 @@ RUNS = 10
 ROUNDS = 6
 
 
-def configure(config: Path) -> None:
+def configure(config: Path, on_exhausted: str) -> None:
     """The window, the prices and a token budget the runs never reach."""
     config.write_text(
         "[agent]\n"
@@ -37,7 +37,7 @@ def configure(config: Path) -> None:
         "max_steps = 8\n"
         "max_tokens = 1000000\n"
         f"budget_scope_usd = {LIMIT}\n"
-        'budget_on_exhausted = "wrap_up"\n'
+        f'budget_on_exhausted = "{on_exhausted}"\n'
         '[agent.prices."scripted"]\n'
         "input = 1.0\n"
         "output = 1.0\n",
@@ -45,11 +45,12 @@ def configure(config: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("on_exhausted", ["wrap_up", "stop"])
 async def test_two_workers_overshoot_a_scope_window_by_at_most_one_call_each(
-    tmp_path: Path,
+    tmp_path: Path, on_exhausted: str
 ) -> None:
     env = jobs_env(tmp_path)
-    configure(Path(env.environ["AGENT_CONFIG_FILE"]))
+    configure(Path(env.environ["AGENT_CONFIG_FILE"]), on_exhausted)
     workers = [
         WorkerProcess(env, name=f"worker{i}", settings="tests.spend_worker.WorkerSettings")
         for i in range(2)
@@ -93,19 +94,27 @@ async def test_two_workers_overshoot_a_scope_window_by_at_most_one_call_each(
         spent = await ledger.spent(Window("scope", "scope:tenant-a", LIMIT))
         overshoot = spent - LIMIT
         print(
-            f"\nwindow ${LIMIT}: {len(calls)} calls, held ${held:.6f}, spent ${spent:.6f}, "
+            f"\n{on_exhausted}: window ${LIMIT}: {len(calls)} calls, held ${held:.6f}, "
+            f"spent ${spent:.6f}, "
             f"overshoot ${max(overshoot, 0.0):.6f} from {len(wrap_ups)} wrap-ups, "
             f"largest call ${max(costs):.6f}"
         )
         assert spent == pytest.approx(sum(costs))  # every call settled at its cost
         assert held <= LIMIT + 1e-9  # the held calls never passed the limit together
         assert len(wrap_ups) == len(set(wrap_ups))  # one wrap-up a run, at most
-        assert wrap_ups  # the window did run out
         assert overshoot <= RUNS * max(costs)
-        # the runs that wrapped up had room for fewer calls than their plan, and say so
+        # the window ran out: fewer calls than the plans, and the runs say how they ended
         assert len(calls) < RUNS * (ROUNDS + 1)
-        answers = [r.outcome.text for r in records if r.outcome is not None]
-        assert answers.count("wrapped up") == len(wrap_ups)
+        outcomes = [r.outcome for r in records if r.outcome is not None]
+        if on_exhausted == "wrap_up":
+            assert wrap_ups
+            assert [o.text for o in outcomes].count("wrapped up") == len(wrap_ups)
+        else:
+            assert not wrap_ups
+            assert overshoot <= 1e-9  # no call past the limit at all
+            stopped = [o for o in outcomes if o.status == "budget_exhausted"]
+            assert stopped
+            assert {(o.reason, o.window) for o in stopped} == {("window", "scope")}
     finally:
         for worker in workers:
             worker.stop()
