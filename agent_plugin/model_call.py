@@ -108,10 +108,15 @@ class ModelCaller:
         """
         if self.spend is None:
             return await self.ask(request, None)
-        spent = self.spend.call(request, self.ask)  # its wait for room is bounded too
-        return await (
-            spent if self.deadline is None and self.cancel is None else self.bounded(spent)
-        )
+        return await self.spend.call(request, self.ask, self.pause)
+
+    async def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` (for a spending window's room), within the deadline and the
+        cancel token."""
+        deadline = self.deadline
+        if deadline is not None and asyncio.get_running_loop().time() + seconds >= deadline:
+            raise DeadlinePassed
+        await until_cancelled(asyncio.sleep(seconds), self.cancel)
 
     async def ask(self, request: ChatRequest, note: ChatMessage | None) -> ChatResponse:
         """:meth:`answer` without the spending windows; ``note`` (a wrap-up's instruction)

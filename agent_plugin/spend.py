@@ -197,6 +197,8 @@ class WindowExhausted(Exception):
 
 Ask = Callable[[ChatRequest, ChatMessage | None], Awaitable[ChatResponse]]
 """Make the model call; the message is a note every retried form of the request ends with."""
+Pause = Callable[[float], Awaitable[None]]
+"""Wait so many seconds (a run's own wait is bounded by its deadline and cancel token)."""
 
 
 class RunSpend:
@@ -244,18 +246,20 @@ class RunSpend:
             )
         return cost
 
-    async def call(self, request: ChatRequest, ask: Ask) -> ChatResponse:
-        """``ask(request)`` within the run's windows: held (waiting while other calls' holds
-        leave no room), then settled (released on an error). Raises :class:`WindowExhausted`
-        when a window has no room and no wrap-up is left; a wrap-up call is made unheld, with
-        ``tool_choice`` none and a note."""
+    async def call(
+        self, request: ChatRequest, ask: Ask, pause: Pause = asyncio.sleep
+    ) -> ChatResponse:
+        """``ask(request)`` within the run's windows: held (waiting with ``pause`` while other
+        calls' holds leave no room), then settled (released on an error). Raises
+        :class:`WindowExhausted` when a window has no room and no wrap-up is left; a wrap-up
+        call is made unheld, with ``tool_choice`` none and a note."""
         windows = self.windows.of_run(self.session_id, self.scope)
         amount = self.estimate(request)
         held = await self.ledger.reserve(windows, amount)
-        pause = _FIRST_PAUSE
+        wait = _FIRST_PAUSE
         while isinstance(held, Refused) and held.busy:  # others' holds may settle below it
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, _LONGEST_PAUSE)
+            await pause(wait)
+            wait = min(wait * 2, _LONGEST_PAUSE)
             held = await self.ledger.reserve(windows, amount)
         note: ChatMessage | None = None
         if isinstance(held, Refused):

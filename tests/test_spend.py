@@ -358,6 +358,28 @@ async def test_a_run_waits_for_others_holds_to_settle() -> None:
     assert model.calls == 1
 
 
+async def test_a_wait_for_room_ends_at_the_run_s_deadline() -> None:
+    ledger = LocalLedger()
+    other = await ledger.reserve((Window("scope", "scope:agent", 1.0),), 0.8)  # never settles
+    assert isinstance(other, Hold)
+    model = ScriptedModel(["never sent"])
+    slow = Agent(
+        model,
+        max_duration=0.3,
+        max_tokens=600,  # a call's most: ~$0.6, room once the other hold settles
+        telemetry=TELEMETRY,
+        budget_windows=BudgetWindows(scope_usd=1.0),
+        spend_ledger=ledger,
+    )
+    started = asyncio.get_running_loop().time()
+    outcome = (await slow.run("go")).outcome
+    assert isinstance(outcome, BudgetExhausted)
+    assert outcome.reason == "deadline"
+    assert model.calls == 0
+    assert asyncio.get_running_loop().time() - started < 1.0
+    assert ledger.held == {"scope:agent": 0.8}  # the waiting run held nothing
+
+
 async def test_the_estimate_is_the_prompt_and_the_whole_output_cap() -> None:
     spend = RunSpend(
         BudgetWindows(day_usd=1.0),
