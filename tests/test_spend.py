@@ -8,6 +8,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,9 +20,10 @@ from agent_plugin.compaction import Compaction
 from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, BudgetSpent, BudgetWarning, OutcomeSummary
+from agent_plugin.jobs import JobOptions
 from agent_plugin.live.spend import RedisLedger
 from agent_plugin.messages import ChatMessage, TokenUsage
-from agent_plugin.options import RunOptions
+from agent_plugin.options import AgentOverrides, RunOptions
 from agent_plugin.outcomes import BudgetExhausted, Completed
 from agent_plugin.pricing import ModelPrice, Prices
 from agent_plugin.providers.base import ChatRequest
@@ -43,6 +45,7 @@ from agent_plugin.spend import (
 )
 from agent_plugin.telemetry import Telemetry
 from agent_plugin.tools import definition_of, tool
+from agent_plugin.web import AgentPlugin
 from tests.services import REDIS_URL
 from tests.wire_agent import KEY, WIRES, Recorder, Wire, client, text_reply
 
@@ -110,6 +113,43 @@ def test_the_settings_configure_the_windows() -> None:
         scope_usd=2.5, day_usd=40.0, warn_fraction=0.5, on_exhausted="stop"
     )
     assert windows_of(AgentSettings.load(environ={})) == BudgetWindows()
+
+
+async def test_the_runtime_keeps_the_windows_in_redis_under_the_key_prefix(
+    tmp_path: Path,
+) -> None:
+    prefix = f"agent-test-{uuid.uuid4().hex[:12]}:"
+    config = tmp_path / "agent.toml"
+    config.write_text('[agent]\nprovider = "scripted"\nbudget_scope_usd = 3.0\n')
+    environ = {
+        "AGENT_REDIS_URL": REDIS_URL,
+        "AGENT_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'runs.db'}",
+    }
+    plugin = AgentPlugin(
+        model=ScriptedModel(["hi"]),
+        config_file=config,
+        environ=environ,
+        jobs=JobOptions(key_prefix=prefix),
+    )
+    runtime = await plugin.start()
+    try:
+        ledger = runtime.ledger
+        assert isinstance(ledger, RedisLedger)
+        assert ledger.prefix == f"{prefix}budget:"
+        built = runtime.agent_for(AgentOverrides(memory_scope="tenant-b"))
+        assert built.spending is not None
+        assert built.spending.ledger is ledger
+        assert built.spending.scope == "tenant-b"
+        assert built.spending.windows.scope_usd == 3.0
+    finally:
+        await runtime.aclose()
+    without = AgentPlugin(model=ScriptedModel(["hi"]), environ=environ, config_file=None)
+    plain = await without.start()
+    try:
+        assert plain.ledger is None
+        assert plain.agent_for().spending is None
+    finally:
+        await plain.aclose()
 
 
 # --- the ledgers -----------------------------------------------------------------------------
