@@ -90,7 +90,10 @@ class ModelCaller:
         self.refold = refold
         self.spend: RunSpend | None = None
         if spending is not None:
-            self.spend = spending.run(run_id=run_id, telemetry=telemetry, emit=emit)
+            finals = output.tool_names() if output is not None else frozenset()
+            self.spend = spending.run(
+                run_id=run_id, telemetry=telemetry, emit=emit, final_tools=finals
+            )
         self.retries = CallRetries(run_id, emit) if emit is not None else None
 
     @property

@@ -54,8 +54,9 @@ _FIRST_PAUSE: Final = 0.02
 _LONGEST_PAUSE: Final = 0.5
 
 WRAP_UP_NOTE: Final = (
-    "The spending budget of this conversation is used up. Do not call any tool: answer now, "
-    "as well as you can with what you already have, and say that the budget ran out."
+    "The spending budget of this conversation is used up. Do no more work with tools: give "
+    "your final answer now, as well as you can with what you already have, and say that the "
+    "budget ran out."
 )
 
 
@@ -216,6 +217,7 @@ class RunSpend:
         emit: EventSink | None,
         can_wrap_up: bool = True,
         model: str | None = None,
+        final_tools: frozenset[str] = frozenset(),
     ) -> None:
         self.windows = windows
         self.ledger = ledger
@@ -226,6 +228,8 @@ class RunSpend:
         self.emit = emit
         self.can_wrap_up = can_wrap_up
         self.model = model
+        self.final_tools = final_tools
+        """The typed output's final-result tools: a wrap-up call must call the one offered."""
         self.wrapped_up = False
         self.warned: set[WindowName] = set()
 
@@ -252,7 +256,8 @@ class RunSpend:
         """``ask(request)`` within the run's windows: held (waiting with ``pause`` while other
         calls' holds leave no room), then settled (released on an error). Raises
         :class:`WindowExhausted` when a window has no room and no wrap-up is left; a wrap-up
-        call is made unheld, with ``tool_choice`` none and a note."""
+        call is made unheld, with a note and ``tool_choice`` none (a typed output's
+        final-result tool, where one is offered)."""
         windows = self.windows.of_run(self.session_id, self.scope)
         amount = self.estimate(request)
         held = await self.ledger.reserve(windows, amount)
@@ -267,7 +272,7 @@ class RunSpend:
                 raise WindowExhausted(held.window.name)
             self.wrapped_up = True
             note = ChatMessage.user(WRAP_UP_NOTE)
-            request.tool_choice = "none" if request.tools else request.tool_choice
+            request.tool_choice = self.wrap_up_choice(request)
             request.messages = [*request.messages, note]
             held = Hold(windows, 0.0)
         try:
@@ -279,6 +284,13 @@ class RunSpend:
         totals = await self.ledger.settle(held, held.amount if cost is None else cost)
         self.told(held.windows, totals, cost)
         return response
+
+    def wrap_up_choice(self, request: ChatRequest) -> str | None:
+        """``none``, or the typed output's one final-result tool (``None``: no tools)."""
+        finals = [t.name for t in request.tools if t.name in self.final_tools]
+        if len(finals) == 1:
+            return finals[0]
+        return "none" if request.tools else request.tool_choice
 
     def told(self, windows: Sequence[Window], totals: Sequence[float], cost: float | None) -> None:
         if self.emit is None:
@@ -315,9 +327,11 @@ class Spending:
         run_id: str,
         telemetry: RunTelemetry,
         emit: EventSink | None,
+        final_tools: frozenset[str] = frozenset(),
     ) -> RunSpend:
-        """The spending of one run; a model whose endpoint cannot take ``tool_choice`` gets
-        no wrap-up call (the run stops ``budget_exhausted`` instead)."""
+        """The spending of one run (``final_tools``: its typed output's final-result tools);
+        a model whose endpoint cannot take ``tool_choice`` gets no wrap-up call (the run
+        stops ``budget_exhausted`` instead)."""
         profile = getattr(telemetry.client, "profile", None)  # an EndpointProfile, if any
         return RunSpend(
             self.windows,
@@ -329,4 +343,5 @@ class Spending:
             emit=emit,
             can_wrap_up=getattr(profile, "tool_choice", True) is not False,
             model=telemetry.model,
+            final_tools=final_tools,
         )

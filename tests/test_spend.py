@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import BaseModel
 from redis.asyncio import Redis
 
 from agent_plugin.agent import Agent
@@ -327,6 +328,30 @@ async def test_a_run_wraps_up_with_tools_kept_and_tool_choice_none() -> None:
     # the note is the request's, not the conversation's
     assert [m.text for m in turn.messages] == ["go", "here is what I have"]
     assert await ledger.spent(Window("scope", "scope:agent", 1.0)) == pytest.approx(0.915)
+
+
+class Ticket(BaseModel):
+    title: str
+
+
+async def test_a_typed_run_wraps_up_through_its_final_result_tool() -> None:
+    model = ScriptedModel([tool_call("final_result", {"title": "partial"})])
+    ledger = await prefilled(limit=1.0, room=0.1)
+    typed = Agent(
+        model,
+        tools=[work],
+        max_tokens=600,
+        output_type=Ticket,
+        telemetry=TELEMETRY,
+        budget_windows=BudgetWindows(scope_usd=1.0),
+        spend_ledger=ledger,
+    )
+    turn = await typed.run("go")
+    assert isinstance(turn.outcome, Completed)
+    assert turn.outcome.output == Ticket(title="partial")
+    (request,) = model.requests
+    assert request.tool_choice == "final_result"
+    assert sorted(t.name for t in request.tools) == ["final_result", "work"]
 
 
 async def test_only_one_wrap_up_then_the_run_stops() -> None:
