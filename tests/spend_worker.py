@@ -21,6 +21,7 @@ from agent_plugin.providers.base import (
     StreamDone,
     StreamEvent,
 )
+from agent_plugin.providers.scripted import ScriptedModel
 from tests import jobs_app
 
 
@@ -76,6 +77,7 @@ def __getattr__(name: str) -> Any:
 
         def expensive(*args: Any, **kwargs: Any) -> Any:
             plugin = make_plugin(*args, **kwargs)
+            assert isinstance(plugin.model, ScriptedModel)
             plugin.model = MostExpensive(plugin.model)
             return plugin
 

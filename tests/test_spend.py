@@ -199,7 +199,9 @@ async def test_a_hold_is_settled_at_the_call_s_cost(ledger: SpendLedger) -> None
     await ledger.settle(again, 0.7)
     # spent alone leaves no room: exhausted, not busy, and nothing was held
     refused = await ledger.reserve(both, 0.1)
-    assert refused == Refused(scope, pytest.approx(0.95), busy=False)
+    assert isinstance(refused, Refused)
+    assert (refused.window, refused.busy) == (scope, False)
+    assert refused.used == pytest.approx(0.95)
     assert await spent(ledger, session) == pytest.approx(0.95)
 
 
