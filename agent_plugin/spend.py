@@ -235,13 +235,19 @@ class RunSpend:
 
     def estimate(self, request: ChatRequest) -> float:
         """The most the call can cost: the prompt's estimated tokens (tools included) and
-        the whole output cap, at the model's prices."""
+        the whole output cap, at the model's prices (the prompt at the cache-write price
+        where that is dearer: the call may write it all to the cache)."""
         prompt = estimate_messages(request.messages)
         if request.tools:
             schemas = [t.model_dump(mode="json") for t in request.tools]
             prompt += estimate_tokens(json.dumps(schemas, separators=(",", ":")))
-        most = TokenUsage(input_tokens=prompt, output_tokens=request.max_tokens or 0)
+        output = request.max_tokens or 0
+        most = TokenUsage(input_tokens=prompt, output_tokens=output)
         cost = self.price(most, request.model)
+        written = TokenUsage(input_tokens=prompt, output_tokens=output, cache_write_tokens=prompt)
+        dearer = self.price(written, request.model)
+        if cost is not None and dearer is not None:
+            cost = max(cost, dearer)
         if cost is None:
             model = request.model or self.model
             raise AgentError.config(

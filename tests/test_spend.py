@@ -472,6 +472,27 @@ async def test_the_estimate_is_the_prompt_and_the_whole_output_cap() -> None:
     assert caught.value.window == "scope"
 
 
+def test_the_estimate_prices_the_prompt_as_a_cache_write_where_that_is_dearer() -> None:
+    writes_dear = Prices({"m": ModelPrice(input=1.0, output=0.0, cache_write=1.25)}, table=False)
+    reads_cheap = Prices({"m": ModelPrice(input=1.0, output=0.0, cache_write=0.5)}, table=False)
+    request = ChatRequest(messages=[ChatMessage.user("x" * 3996)], max_tokens=0)  # 1003 tokens
+
+    def estimate(prices: Prices) -> float:
+        spend = RunSpend(
+            BudgetWindows(day_usd=1.0),
+            LocalLedger(),
+            run_id="r1",
+            session_id=None,
+            scope="agent",
+            price=lambda usage, model: prices.cost(usage, model="m", provider="scripted"),
+            emit=None,
+        )
+        return spend.estimate(request)
+
+    assert estimate(writes_dear) == pytest.approx(1003 * 1.25 / 1e6)
+    assert estimate(reads_cheap) == pytest.approx(1003 * 1.0 / 1e6)
+
+
 # --- the wrap-up on the wire -----------------------------------------------------------------
 
 
