@@ -9,6 +9,7 @@ connection as plain JSON. One run (or resume) emits, in order::
         model_request  (text_delta | thinking_delta | tool_call_delta | output_delta)*  (retry)*
           (retry_succeeded | retry_exhausted)   after any retry: how the retries ended
           (compaction ...)   the context was too long: folded, the call made once more
+          (budget_spent budget_warning?)   with spending windows: what the call cost
           model_response
         (approval_required | tool_start* tool_progress* tool_end*)
       turn_end
