@@ -10,7 +10,9 @@ reported cost after it. A refused hold ends the run, or first allows one wrap-up
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +43,8 @@ __all__ = [
     "WindowExhausted",
     "WindowName",
 ]
+
+logger = logging.getLogger("agent_plugin")
 
 WindowName: TypeAlias = Literal["session", "scope", "day"]
 ExhaustedAction: TypeAlias = Literal["wrap_up", "stop"]
@@ -284,10 +288,15 @@ class RunSpend:
         try:
             response = await ask(request, note)
         except BaseException:
-            await asyncio.shield(self.ledger.settle(held, 0.0))
+            with contextlib.suppress(AgentError):  # the call's own failure is what to tell
+                await asyncio.shield(self.ledger.settle(held, 0.0))
             raise
         cost = response.usage.cost_usd
-        totals = await self.ledger.settle(held, held.amount if cost is None else cost)
+        try:
+            totals = await self.ledger.settle(held, held.amount if cost is None else cost)
+        except AgentError as error:  # the reply stands; the hold lapses in its own time
+            logger.warning("run %s: a model call's cost was not settled: %s", self.run_id, error)
+            return response
         self.told(held.windows, totals, cost)
         return response
 

@@ -247,6 +247,39 @@ async def test_a_lapsed_hold_frees_its_room() -> None:
         await redis.aclose()
 
 
+async def test_a_redis_that_cannot_be_reached_is_unavailable() -> None:
+    redis = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=1)
+    try:
+        down = RedisLedger(redis)
+        with pytest.raises(AgentError) as caught:
+            await down.reserve(windows(1.0), 0.1)
+        assert caught.value.kind is ErrorKind.UNAVAILABLE
+        assert "spending windows" in caught.value.message
+        with pytest.raises(AgentError) as settling:
+            await down.settle(Hold(windows(1.0), 0.1), 0.05)
+        assert settling.value.kind is ErrorKind.UNAVAILABLE
+    finally:
+        await redis.aclose()
+
+
+class Flaky(LocalLedger):
+    """A ledger whose settlements fail (its store went away after the hold)."""
+
+    async def settle(self, hold: Hold, cost: float) -> tuple[float, ...]:
+        raise AgentError(ErrorKind.UNAVAILABLE, "gone")
+
+
+async def test_a_reply_stands_when_its_cost_cannot_be_settled() -> None:
+    model = ScriptedModel(["the answer"])
+    turn = await agent(model, Flaky(), scope_usd=1.0).run("go")
+    assert isinstance(turn.outcome, Completed)
+    assert turn.outcome.text == "the answer"
+    failing = ScriptedModel([AgentError(ErrorKind.PROVIDER, "bad request")])
+    with pytest.raises(AgentError) as caught:  # the call's own error, not the ledger's
+        await agent(failing, Flaky(), scope_usd=1.0).run("go")
+    assert caught.value.message == "bad request"
+
+
 # --- a run's spending ------------------------------------------------------------------------
 
 

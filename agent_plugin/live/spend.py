@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from typing import Any, Final, cast
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.spend import Hold, Refused, Window
 
 __all__ = ["RedisLedger"]
@@ -75,6 +77,7 @@ class RedisLedger:
 
     ``hold_secs``: how long a hold lasts when its call never settles (a worker died). The
     ledger does not own ``redis`` unless ``owns`` says so (then :meth:`aclose` closes it).
+    Redis failing is an ``unavailable`` :class:`~agent_plugin.errors.AgentError`.
     """
 
     def __init__(
@@ -101,7 +104,10 @@ class RedisLedger:
         args: list[Any] = [repr(amount), _member(hold), now, now + int(self.hold_secs * 1000)]
         for window in windows:
             args += [repr(window.limit), window.ttl or 0]
-        answer = cast(list[Any], await self._reserve(keys=self.keys(windows), args=args))
+        try:
+            answer = cast(list[Any], await self._reserve(keys=self.keys(windows), args=args))
+        except (RedisError, OSError) as error:
+            raise _unavailable(error) from None
         refused = int(answer[0])
         if refused:
             return Refused(windows[refused - 1], float(answer[1]), busy=bool(int(answer[2])))
@@ -109,7 +115,10 @@ class RedisLedger:
 
     async def settle(self, hold: Hold, cost: float) -> tuple[float, ...]:
         args: list[Any] = [_member(hold), repr(cost), *(w.ttl or 0 for w in hold.windows)]
-        totals = cast(list[Any], await self._settle(keys=self.keys(hold.windows), args=args))
+        try:
+            totals = cast(list[Any], await self._settle(keys=self.keys(hold.windows), args=args))
+        except (RedisError, OSError) as error:
+            raise _unavailable(error) from None
         return tuple(float(t) for t in totals)
 
     async def spent(self, window: Window) -> float:
@@ -120,6 +129,12 @@ class RedisLedger:
     async def aclose(self) -> None:
         if self.owns:
             await self.redis.aclose()
+
+
+def _unavailable(error: Exception) -> AgentError:
+    return AgentError(
+        ErrorKind.UNAVAILABLE, f"the spending windows in Redis cannot be reached: {error}"
+    )
 
 
 def _member(hold: Hold) -> str:
