@@ -259,6 +259,7 @@ class RunLoop:
             on_child_usage=self.add_usage,
             on_tool_done=self.tool_done if self.journal is not None else None,
             traced=self.telemetry.tool if self.telemetry.active else None,
+            spend=self.caller.spend,
         )
 
     # --- bookkeeping -----------------------------------------------------------------------

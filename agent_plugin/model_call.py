@@ -22,6 +22,7 @@ from agent_plugin.options import EventSink
 from agent_plugin.providers.base import ChatRequest, ChatResponse, LlmClient
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.retrying import CallRetries
+from agent_plugin.spend import spend_of_run
 from agent_plugin.steering import Steering
 
 if TYPE_CHECKING:
@@ -88,12 +89,10 @@ class ModelCaller:
         self.cancel = cancel
         self.steering = steering
         self.refold = refold
-        self.spend: RunSpend | None = None
-        if spending is not None:
-            finals = output.tool_names() if output is not None else frozenset()
-            self.spend = spending.run(
-                run_id=run_id, telemetry=telemetry, emit=emit, final_tools=finals
-            )
+        finals = output.tool_names() if output is not None else frozenset()
+        self.spend: RunSpend | None = spend_of_run(
+            spending, run_id=run_id, telemetry=telemetry, emit=emit, final_tools=finals
+        )
         self.retries = CallRetries(run_id, emit) if emit is not None else None
 
     @property

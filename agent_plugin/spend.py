@@ -15,6 +15,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Final, Literal, Protocol, TypeAlias
@@ -42,6 +43,8 @@ __all__ = [
     "Window",
     "WindowExhausted",
     "WindowName",
+    "parent_spend",
+    "spend_of_run",
 ]
 
 logger = logging.getLogger("agent_plugin")
@@ -343,6 +346,7 @@ class Spending:
         telemetry: RunTelemetry,
         emit: EventSink | None,
         final_tools: frozenset[str] = frozenset(),
+        session_id: str | None = None,
     ) -> RunSpend:
         """The spending of one run (``final_tools``: its typed output's final-result tools);
         a model whose endpoint cannot take ``tool_choice`` gets no wrap-up call (the run
@@ -352,7 +356,7 @@ class Spending:
             self.windows,
             self.ledger,
             run_id=run_id,
-            session_id=telemetry.session_id,
+            session_id=session_id if session_id is not None else telemetry.session_id,
             scope=self.scope,
             price=telemetry.cost_of,
             emit=emit,
@@ -360,3 +364,34 @@ class Spending:
             model=telemetry.model,
             final_tools=final_tools,
         )
+
+
+parent_spend: ContextVar[RunSpend | None] = ContextVar("parent_spend", default=None)
+"""The spending of the run whose tools are running (set around each round of tool calls)."""
+
+
+def spend_of_run(
+    own: Spending | None,
+    *,
+    run_id: str,
+    telemetry: RunTelemetry,
+    emit: EventSink | None,
+    final_tools: frozenset[str] = frozenset(),
+) -> RunSpend | None:
+    """The spending of a run: from its agent's own windows, else (a sub-agent run inside a
+    parent's tool call) from the parent run's windows, session and scope; else none."""
+    if own is None:
+        parent = parent_spend.get()
+        if parent is None:
+            return None
+        own = Spending(parent.windows, parent.ledger, parent.scope)
+        session_id = parent.session_id
+    else:
+        session_id = None
+    return own.run(
+        run_id=run_id,
+        telemetry=telemetry,
+        emit=emit,
+        final_tools=final_tools,
+        session_id=session_id,
+    )

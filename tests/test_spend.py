@@ -5,6 +5,7 @@ that meets a window without room: stopped, or wrapped up on both wires."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -19,11 +20,12 @@ from redis.asyncio import Redis
 from agent_plugin.agent import Agent
 from agent_plugin.compaction import Compaction
 from agent_plugin.config import AgentSettings
+from agent_plugin.delegate import AgentTool
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent, BudgetSpent, BudgetWarning, OutcomeSummary
 from agent_plugin.jobs import JobOptions
 from agent_plugin.live.spend import RedisLedger
-from agent_plugin.messages import ChatMessage, TokenUsage
+from agent_plugin.messages import ChatMessage, Role, TokenUsage, ToolResultPart
 from agent_plugin.options import AgentOverrides, RunOptions
 from agent_plugin.outcomes import BudgetExhausted, Completed
 from agent_plugin.pricing import ModelPrice, Prices
@@ -387,6 +389,60 @@ async def test_a_typed_run_wraps_up_through_its_final_result_tool() -> None:
     (request,) = model.requests
     assert request.tool_choice == "final_result"
     assert sorted(t.name for t in request.tools) == ["final_result", "work"]
+
+
+async def test_a_sub_agent_spends_from_its_parent_s_windows() -> None:
+    child_model = ScriptedModel(["the child's answer"])
+    child = Agent(child_model, max_tokens=600, telemetry=TELEMETRY)  # no windows of its own
+    helper = AgentTool(child, name="helper", description="Helps.")
+    parent_model = ScriptedModel([tool_call("helper", {"task": "help"}), "done"])
+    ledger = LocalLedger()
+    parent = Agent(
+        parent_model,
+        tools=[helper],
+        max_tokens=5000,
+        memory_scope="tenant-c",
+        telemetry=TELEMETRY,
+        budget_windows=BudgetWindows(session_usd=100.0, scope_usd=100.0),
+        spend_ledger=ledger,
+    )
+    turn = await parent.run("go", session_id="s9")
+    assert isinstance(turn.outcome, Completed)
+    assert (parent_model.calls, child_model.calls) == (2, 1)
+    # three calls of $0.015, the child's in the parent's session and scope windows
+    assert ledger.spent_by == pytest.approx({"session:s9": 0.045, "scope:tenant-c": 0.045})
+    # outside a parent's tool call, the child has no windows
+    await child.run("alone")
+    assert ledger.spent_by == pytest.approx({"session:s9": 0.045, "scope:tenant-c": 0.045})
+
+
+async def test_a_sub_agent_stopped_by_its_parent_s_window() -> None:
+    child_model = ScriptedModel(["never sent"])
+    child = Agent(child_model, max_tokens=2000, telemetry=TELEMETRY)  # a call's most: ~$2
+    helper = AgentTool(child, name="helper", description="Helps.")
+    parent_model = ScriptedModel([tool_call("helper", {"task": "help"}), "done"])
+    # room for the parent's calls (their most: ~$0.6), not for the child's
+    ledger = await prefilled(limit=1.0, room=0.7)
+    parent = Agent(
+        parent_model,
+        tools=[helper],
+        max_tokens=600,
+        telemetry=TELEMETRY,
+        budget_windows=BudgetWindows(scope_usd=1.0, on_exhausted="stop"),
+        spend_ledger=ledger,
+    )
+    turn = await parent.run("go")
+    assert isinstance(turn.outcome, Completed)
+    assert (parent_model.calls, child_model.calls) == (2, 0)
+    (result,) = [m for m in turn.messages if m.role is Role.TOOL]
+    (part,) = result.content
+    assert isinstance(part, ToolResultPart)
+    stopped = json.loads(part.tool_result.content)["outcome"]  # the child's outcome
+    assert (stopped["status"], stopped["reason"], stopped["window"]) == (
+        "budget_exhausted",
+        "window",
+        "scope",
+    )
 
 
 async def test_only_one_wrap_up_then_the_run_stops() -> None:
