@@ -97,7 +97,7 @@ class Agent(Generic[AgentOutputT]):
     much (checked before each call; every call must be priced, see :mod:`agent_plugin.pricing`).
     ``budget_windows`` (:class:`~agent_plugin.spend.BudgetWindows`) bound what runs spend
     together per session, per memory scope and per UTC day, kept in ``spend_ledger`` (default:
-    a :class:`~agent_plugin.spend.LocalLedger` of this process; across workers, a
+    a :class:`~agent_plugin.spend.LocalLedger` of this agent's own; across workers, a
     ``RedisLedger``); a window without room ends a run ``budget_exhausted`` (reason
     ``window``), after one wrap-up call if the windows say so.
     ``telemetry`` says where runs' spans and metrics go and how model calls are priced

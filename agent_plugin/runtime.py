@@ -44,7 +44,7 @@ from agent_plugin.providers.base import LlmClient
 from agent_plugin.redaction import register_secret, unregister_secret
 from agent_plugin.sessions import SessionStore
 from agent_plugin.skills import Skill, load_skills
-from agent_plugin.spend import BudgetWindows, SpendLedger
+from agent_plugin.spend import BudgetWindows, LocalLedger, SpendLedger
 from agent_plugin.telemetry import Telemetry
 from agent_plugin.tools import Tool, ToolRegistry
 from agent_plugin.toolsets import (
@@ -110,8 +110,10 @@ class AgentRuntime:
         self.settings = settings
         self.windows = windows_of(settings)
         """The spending windows every agent's runs share (``[agent] budget_*``)."""
+        if ledger is None and self.windows.any:
+            ledger = LocalLedger()
         self.ledger = ledger
-        """Where the windows' totals live (``None``: each agent's own, in its process)."""
+        """Where the windows' totals live (default: this process, shared by its agents)."""
         self.telemetry = telemetry if telemetry is not None else telemetry_of(settings)
         """Spans, metrics and prices of every agent the runtime builds."""
         self.outputs: Mapping[str, Output[Any]] = dict(outputs)

@@ -34,7 +34,8 @@ from agent_plugin.providers.openai import OpenAICompatibleClient
 from agent_plugin.providers.profiles import replace as replace_profile
 from agent_plugin.providers.retry import RetryPolicy
 from agent_plugin.providers.scripted import ScriptedModel, tool_call
-from agent_plugin.runtime import windows_of
+from agent_plugin.runtime import AgentRuntime, windows_of
+from agent_plugin.sessions import InMemorySessionStore
 from agent_plugin.spend import (
     WRAP_UP_NOTE,
     BudgetWindows,
@@ -153,6 +154,22 @@ async def test_the_runtime_keeps_the_windows_in_redis_under_the_key_prefix(
         assert plain.agent_for().spending is None
     finally:
         await plain.aclose()
+
+
+async def test_a_runtime_without_redis_shares_one_ledger_among_its_agents() -> None:
+    settings = AgentSettings.load(environ={"AGENT_BUDGET_DAY_USD": "1"}, config_file=None)
+    runtime = AgentRuntime(
+        settings=settings, client=ScriptedModel(["hi"]), session_store=InMemorySessionStore()
+    )
+    try:
+        first = runtime.agent_for(AgentOverrides(memory_scope="x")).spending
+        second = runtime.agent_for(AgentOverrides(memory_scope="y")).spending
+        assert first is not None
+        assert second is not None
+        assert isinstance(runtime.ledger, LocalLedger)
+        assert first.ledger is second.ledger is runtime.ledger
+    finally:
+        await runtime.aclose()
 
 
 # --- the ledgers -----------------------------------------------------------------------------
