@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # these load on first use, not with the core
     )
     from agent_plugin.pacing import Pacer
     from agent_plugin.skills import Skill
+    from agent_plugin.spend import BudgetWindows, Spending, SpendLedger
     from agent_plugin.telemetry import Telemetry
 
 __all__ = ["Agent", "AgentOutputT"]
@@ -95,6 +96,11 @@ class Agent(Generic[AgentOutputT]):
 
     ``max_cost_usd`` ends a run ``budget_exhausted`` (reason ``cost``) once its calls cost that
     much (checked before each call; every call must be priced, see :mod:`agent_plugin.pricing`).
+    ``budget_windows`` (:class:`~agent_plugin.spend.BudgetWindows`) bound what runs spend
+    together per session, per memory scope and per UTC day, kept in ``spend_ledger`` (default:
+    a :class:`~agent_plugin.spend.LocalLedger` of this agent's own; across workers, a
+    ``RedisLedger``); a window without room ends a run ``budget_exhausted`` (reason
+    ``window``), after one wrap-up call if the windows say so.
     ``telemetry`` says where runs' spans and metrics go and how model calls are priced
     (default: OpenTelemetry's global providers, ``genai-prices`` where installed).
     ``pacer`` holds each model call back under requests- and tokens-per-minute limits
@@ -127,6 +133,8 @@ class Agent(Generic[AgentOutputT]):
         output_validators: Iterable[OutputValidator[AgentOutputT]] = (),
         telemetry: Telemetry | None = None,
         pacer: Pacer | None = None,
+        budget_windows: BudgetWindows | None = None,
+        spend_ledger: SpendLedger | None = None,
     ) -> None:
         if per_tool_output_limit < 1:
             raise AgentError.config(
@@ -183,6 +191,13 @@ class Agent(Generic[AgentOutputT]):
         self.telemetry: Telemetry = telemetry
         """Spans, metrics and prices of runs (:mod:`agent_plugin.telemetry`)."""
         self.pacer = pacer
+        self.spending: Spending | None = None
+        """The spending windows runs share, their ledger and scope (``None``: none)."""
+        if budget_windows is not None and budget_windows.any:
+            from agent_plugin.spend import LocalLedger, Spending
+
+            ledger = spend_ledger if spend_ledger is not None else LocalLedger()
+            self.spending = Spending(budget_windows, ledger, memory_scope)
 
     def __repr__(self) -> str:
         output = f", output={self.output.label}" if self.output is not None else ""

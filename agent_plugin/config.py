@@ -113,6 +113,15 @@ _INT_FIELDS: Final = frozenset(
         "pacing_tpm",
     }
 )
+_FLOAT_FIELDS: Final = frozenset(
+    {
+        "max_cost_usd",
+        "budget_session_usd",
+        "budget_scope_usd",
+        "budget_day_usd",
+        "budget_warn_fraction",
+    }
+)
 _BOOL_FIELDS: Final = frozenset({"prompt_caching"})
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
@@ -133,6 +142,12 @@ _ACCEPTED: Final[dict[str, str]] = {
     "prompt_caching": "true or false",
     "max_run_secs": "a whole number from 1 to 86400, or unset for no limit",
     "startup_wait_secs": "a whole number from 0 to 3600",
+    "max_cost_usd": "a number of US dollars above 0, or unset for no limit",
+    "budget_session_usd": "a number of US dollars above 0, or unset for no window",
+    "budget_scope_usd": "a number of US dollars above 0, or unset for no window",
+    "budget_day_usd": "a number of US dollars above 0, or unset for no window",
+    "budget_warn_fraction": "a number between 0 and 1",
+    "budget_on_exhausted": "wrap_up or stop",
     "redis_url": "a redis://, rediss:// or unix:// URL",
     "database_url": "an SQLAlchemy URL such as sqlite+aiosqlite:///./agent.db",
     "database_pool_size": "a whole number from 1 to 1000",
@@ -255,6 +270,22 @@ class AgentSettings(BaseSettings):
     max_run_secs: int | None = Field(default=None, ge=1, le=86400, description="Wall clock.")
     max_cost_usd: float | None = Field(
         default=None, gt=0, description="USD per run; every call must be priced (prices)."
+    )
+    budget_session_usd: float | None = Field(
+        default=None, gt=0, description="USD the runs of one session may spend together."
+    )
+    budget_scope_usd: float | None = Field(
+        default=None, gt=0, description="USD the runs of one memory scope may spend together."
+    )
+    budget_day_usd: float | None = Field(
+        default=None, gt=0, description="USD all runs may spend in one UTC day."
+    )
+    budget_warn_fraction: float | None = Field(
+        default=0.8, gt=0, lt=1, description="A budget_warning event at this share of a window."
+    )
+    budget_on_exhausted: Literal["wrap_up", "stop"] = Field(
+        default="wrap_up",
+        description="A window without room: one wrap-up call, or stop (budget_exhausted).",
     )
     startup_wait_secs: int = Field(
         default=30,
@@ -859,6 +890,13 @@ def _parse_env(name: str, variable: str, raw: str) -> Any:
                 f"{variable} must be a whole number, got {raw!r} (accepted: {_ACCEPTED[name]})"
             )
         return int(text)
+    if name in _FLOAT_FIELDS:
+        try:
+            return float(text)
+        except ValueError:
+            raise AgentError.config(
+                f"{variable} must be a number, got {raw!r} (accepted: {_ACCEPTED[name]})"
+            ) from None
     if name in _BOOL_FIELDS:
         word = text.lower()
         if word in _TRUE:

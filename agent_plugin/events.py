@@ -9,6 +9,7 @@ connection as plain JSON. One run (or resume) emits, in order::
         model_request  (text_delta | thinking_delta | tool_call_delta | output_delta)*  (retry)*
           (retry_succeeded | retry_exhausted)   after any retry: how the retries ended
           (compaction ...)   the context was too long: folded, the call made once more
+          (budget_spent budget_warning?)   with spending windows: what the call cost
           model_response
         (approval_required | tool_start* tool_progress* tool_end*)
       turn_end
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentEvent",
     "ApprovalRequired",
+    "BudgetSpent",
+    "BudgetWarning",
     "Compacted",
     "ModelFallback",
     "ModelRequestStarted",
@@ -267,6 +270,8 @@ class OutcomeSummary(BaseModel):
     tool: str | None = None
     repeats: int | None = None
     awaiting: list[PendingApproval] = Field(default_factory=list)
+    window: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The spending window a ``budget_exhausted`` run found without room."""
 
     @classmethod
     def of(cls, outcome: AgentOutcome) -> OutcomeSummary:
@@ -276,7 +281,9 @@ class OutcomeSummary(BaseModel):
             text = isinstance(value, str) and value == outcome.text
             output = None if text else to_jsonable_python(value, by_alias=True)
             return summary.model_copy(update={"text": outcome.text, "output": output})
-        if isinstance(outcome, BudgetExhausted | Cancelled | Paused):
+        if isinstance(outcome, BudgetExhausted):
+            return summary.model_copy(update={"reason": outcome.reason, "window": outcome.window})
+        if isinstance(outcome, Cancelled | Paused):
             return summary.model_copy(update={"reason": outcome.reason})
         if isinstance(outcome, OutputInvalid):
             return summary.model_copy(update={"reason": outcome.message})
@@ -329,6 +336,24 @@ class PacingWait(_Event):
     model: str
 
 
+class BudgetSpent(_Event):
+    """A model call's cost (``None``: unpriced, its hold was kept) and, by window name
+    (``session``, ``scope``, ``day``), what each of the run's windows has spent since."""
+
+    type: Literal["budget_spent"] = "budget_spent"
+    cost_usd: float | None
+    windows: dict[str, float]
+
+
+class BudgetWarning(_Event):
+    """A window has spent ``warn_fraction`` of its limit (told once per run and window)."""
+
+    type: Literal["budget_warning"] = "budget_warning"
+    window: str
+    spent_usd: float
+    limit_usd: float
+
+
 AgentEvent: TypeAlias = Annotated[
     RunStarted
     | TurnStarted
@@ -350,7 +375,9 @@ AgentEvent: TypeAlias = Annotated[
     | Compacted
     | TurnEnded
     | RunEnded
-    | PacingWait,
+    | PacingWait
+    | BudgetSpent
+    | BudgetWarning,
     Field(discriminator="type"),
 ]
 

@@ -89,6 +89,7 @@ from agent_plugin.outcomes import (
     RunState,
     TurnSettings,
 )
+from agent_plugin.pacing import Pacer
 from agent_plugin.policy import Deny, RequireApproval, ToolPolicy
 from agent_plugin.providers.base import (
     ChatRequest,
@@ -96,6 +97,7 @@ from agent_plugin.providers.base import (
     LlmClient,
 )
 from agent_plugin.rounds import ToolRound
+from agent_plugin.spend import Spending, WindowExhausted
 from agent_plugin.tools import (
     ToolRegistry,
     error_payload,
@@ -170,6 +172,12 @@ class LoopAgent(Protocol):
     @property
     def telemetry(self) -> Telemetry: ...
 
+    @property
+    def spending(self) -> Spending | None: ...
+
+    @property
+    def pacer(self) -> Pacer | None: ...
+
     def definitions(self) -> tuple[ToolDefinition, ...]: ...
 
     async def system_message(self) -> ChatMessage | None: ...
@@ -240,7 +248,8 @@ class RunLoop:
             cancel=self.cancel,
             steering=self.steering,
             refold=self.refold,
-            pacer=getattr(agent, "pacer", None),  # an Agent's pacer (LoopAgent need not have one)
+            pacer=agent.pacer,
+            spending=agent.spending,
         )
         self.rounds = ToolRound(
             tools=agent.tools,
@@ -255,6 +264,7 @@ class RunLoop:
             on_child_usage=self.add_usage,
             on_tool_done=self.tool_done if self.journal is not None else None,
             traced=self.telemetry.tool if self.telemetry.active else None,
+            spend=self.caller.spend,
         )
 
     # --- bookkeeping -----------------------------------------------------------------------
@@ -383,8 +393,10 @@ class RunLoop:
             await self.journal.record(Appended(messages=[message]))
         return None
 
-    def exhausted(self, reason: BudgetReason) -> BudgetExhausted:
-        return BudgetExhausted(reason=reason, steps_used=self.steps_used, usage=self.usage)
+    def exhausted(self, reason: BudgetReason, window: str | None = None) -> BudgetExhausted:
+        return BudgetExhausted(
+            reason=reason, window=window, steps_used=self.steps_used, usage=self.usage
+        )
 
     def cancelled(self) -> Cancelled:
         reason = self.cancel.reason if self.cancel is not None else "cancelled"
@@ -554,6 +566,8 @@ class RunLoop:
                 return self.cancelled()
             except Interrupted:
                 continue  # the message joins at the top, and the model is asked again
+            except WindowExhausted as spent:
+                return self.exhausted("window", spent.window)
             control = None
             for after in hooks.after_model:
                 control = await after(response, info) or control

@@ -4,7 +4,8 @@ A run's model call is the client's own call (or its stream, read to the end), bo
 run's deadline and cancel token when it has them, abandoned when an ``interrupt`` message
 comes first, and answered by one fold of the history when the provider says the context is
 too long. Every ``retry_scheduled`` event the call caused gets its end event here. With a
-pacer, the call first waits its turn under the pacing limits (a ``pacing_wait`` event).
+pacer, the call first waits its turn under the pacing limits (a ``pacing_wait`` event); with
+spending windows, it goes through the run's :class:`~agent_plugin.spend.RunSpend`.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from agent_plugin.pacing import Pacer, heard_headers
 from agent_plugin.providers.base import ChatRequest, ChatResponse, LlmClient
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.retrying import CallRetries
+from agent_plugin.spend import spend_of_run
 from agent_plugin.steering import Steering
 
 if TYPE_CHECKING:
     from agent_plugin.output import Output
     from agent_plugin.providers.base import FallbackNotice
+    from agent_plugin.spend import RunSpend, Spending
     from agent_plugin.telemetry import RunTelemetry
 
 __all__ = ["DeadlinePassed", "Interrupted", "ModelCaller"]
@@ -58,6 +61,7 @@ class ModelCaller:
         "refold",
         "retries",
         "run_id",
+        "spend",
         "steering",
         "streaming",
         "telemetry",
@@ -77,6 +81,7 @@ class ModelCaller:
         steering: Steering | None,
         refold: Refold,
         pacer: Pacer | None = None,
+        spending: Spending | None = None,
     ) -> None:
         self.model = model
         self.run_id = run_id
@@ -89,6 +94,10 @@ class ModelCaller:
         self.steering = steering
         self.refold = refold
         self.pacer = pacer
+        finals = output.tool_names() if output is not None else frozenset()
+        self.spend: RunSpend | None = spend_of_run(
+            spending, run_id=run_id, telemetry=telemetry, emit=emit, final_tools=finals
+        )
         self.retries = CallRetries(run_id, emit) if emit is not None else None
 
     @property
@@ -101,8 +110,24 @@ class ModelCaller:
         context overflow met by folding the history once and asking again.
 
         Raises :class:`DeadlinePassed`, :class:`Interrupted` or
-        :class:`~agent_plugin.cancellation.RunCancelled` when the call was stopped.
+        :class:`~agent_plugin.cancellation.RunCancelled` when the call was stopped, and
+        :class:`~agent_plugin.spend.WindowExhausted` when a spending window has no room.
         """
+        if self.spend is None:
+            return await self.ask(request, None)
+        return await self.spend.call(request, self.ask, self.pause)
+
+    async def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` (for a spending window's room), within the deadline and the
+        cancel token."""
+        deadline = self.deadline
+        if deadline is not None and asyncio.get_running_loop().time() + seconds >= deadline:
+            raise DeadlinePassed
+        await until_cancelled(asyncio.sleep(seconds), self.cancel)
+
+    async def ask(self, request: ChatRequest, note: ChatMessage | None) -> ChatResponse:
+        """:meth:`answer` without the spending windows; ``note`` (a wrap-up's instruction)
+        stays the last message of a folded history too."""
         retries = self.retries
         steering = self.steering
         folded = False
@@ -129,7 +154,7 @@ class ModelCaller:
                     raise
                 folded = True
                 # the same request with the folded history (a hook's edits to it are not kept)
-                request.messages = messages
+                request.messages = messages if note is None else [*messages, note]
                 continue
             if retries is not None:
                 retries.succeeded()

@@ -324,12 +324,16 @@ class Completed(_Outcome, Generic[OutputT]):
         return True
 
 
-BudgetReason: TypeAlias = Literal["steps", "tokens", "deadline", "cost"]
+BudgetReason: TypeAlias = Literal["steps", "tokens", "deadline", "cost", "window"]
 
 
 class BudgetExhausted(_Outcome):
+    """The run stopped at a limit: ``reason`` names it, and ``window`` (``session``,
+    ``scope`` or ``day``) the spending window when the reason is ``window``."""
+
     status: Literal["budget_exhausted"] = "budget_exhausted"
     reason: BudgetReason
+    window: str | None = Field(default=None, exclude_if=lambda v: v is None)
     steps_used: int
     usage: TokenUsage
 

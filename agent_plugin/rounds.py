@@ -26,6 +26,7 @@ from agent_plugin.hooks import Block, CancelRun, HookSet, Modify, PauseRun, Tool
 from agent_plugin.messages import TokenUsage, ToolCall
 from agent_plugin.outcomes import Denied, Finished, PendingCall, Rejected
 from agent_plugin.redaction import redact
+from agent_plugin.spend import RunSpend, parent_spend
 from agent_plugin.tools import (
     ProgressSink,
     Tool,
@@ -107,8 +108,11 @@ class ToolRound:
         on_child_usage: UsageSink | None = None,
         on_tool_done: Callable[[int, ToolCall, ToolOutput], Awaitable[None]] | None = None,
         traced: Callable[[ToolCall, Awaitable[ToolOutput]], Awaitable[ToolOutput]] | None = None,
+        spend: RunSpend | None = None,
     ) -> None:
         self.traced = traced
+        self.spend = spend
+        """The run's spending windows, which its sub-agents spend from too."""
         self.on_child_usage = on_child_usage
         self.on_tool_done = on_tool_done
         self.tools = tools
@@ -123,9 +127,11 @@ class ToolRound:
 
     async def run(self, pending: list[PendingCall], step: int) -> RoundResult:
         token = child_usage_sink.set(self.on_child_usage)
+        spending = parent_spend.set(self.spend)
         try:
             return await self._run(pending, step)
         finally:
+            parent_spend.reset(spending)
             child_usage_sink.reset(token)
 
     async def _run(self, pending: list[PendingCall], step: int) -> RoundResult:

@@ -44,6 +44,7 @@ from agent_plugin.providers.base import LlmClient
 from agent_plugin.redaction import register_secret, unregister_secret
 from agent_plugin.sessions import SessionStore
 from agent_plugin.skills import Skill, load_skills
+from agent_plugin.spend import BudgetWindows, LocalLedger, SpendLedger
 from agent_plugin.telemetry import Telemetry
 from agent_plugin.tools import Tool, ToolRegistry
 from agent_plugin.toolsets import (
@@ -106,10 +107,17 @@ class AgentRuntime:
         owns_client: bool = False,
         telemetry: Telemetry | None = None,
         pacer: Pacer | None = None,
+        ledger: SpendLedger | None = None,
     ) -> None:
         self.settings = settings
         self.pacer = pacer
         """Holds every agent's model calls under the pacing limits (None: no pacing)."""
+        self.windows = windows_of(settings)
+        """The spending windows every agent's runs share (``[agent] budget_*``)."""
+        if ledger is None and self.windows.any:
+            ledger = LocalLedger()
+        self.ledger = ledger
+        """Where the windows' totals live (default: this process, shared by its agents)."""
         self.telemetry = telemetry if telemetry is not None else telemetry_of(settings)
         """Spans, metrics and prices of every agent the runtime builds."""
         self.outputs: Mapping[str, Output[Any]] = dict(outputs)
@@ -245,6 +253,8 @@ class AgentRuntime:
             output_type=output,
             telemetry=self.telemetry,
             pacer=self.pacer,
+            budget_windows=self.windows,
+            spend_ledger=self.ledger,
         )
 
     def register_secrets(self, values: Iterable[str | None]) -> None:
@@ -308,6 +318,9 @@ class AgentRuntime:
             try:
                 if self._owns_client:
                     await self.client.aclose()
+                close = getattr(self.ledger, "aclose", None)
+                if close is not None:
+                    await close()
             finally:
                 for value in self._secrets:
                     unregister_secret(value)
@@ -354,9 +367,9 @@ class RuntimeSpec:
     servers) are started at opening, with those of the settings' ``mcp_servers``.
     ``secrets``: values the app wants redacted by value, beside the configured key and
     URL passwords. ``outputs``: the output types a run may name, by name.
-    ``pacing``: limits replacing the settings' pacing keys; ``pacing_prefix``: with pacing
-    limits set, pace across the fleet in Redis under this key prefix (``None``: in this
-    process only).
+    ``pacing``: limits replacing the settings' pacing keys. ``key_prefix``: the prefix of the
+    plugin's Redis keys when its runs share Redis (background runs are on): pacing and the
+    spending windows then hold across the fleet there (``None``: in this process only).
     """
 
     tools: tuple[Tool, ...] = ()
@@ -380,11 +393,35 @@ class RuntimeSpec:
     environ: dict[str, str] | None = field(default=None, repr=False)
     outputs: Mapping[str, Output[Any]] = field(default_factory=dict)
     pacing: PacingConfig | None = None
-    pacing_prefix: str | None = None
+    key_prefix: str | None = None
 
     @property
     def needs_database(self) -> bool:
         return self.session_store is None or self.memory_store == "sql" or self.run_records
+
+
+def windows_of(settings: AgentSettings) -> BudgetWindows:
+    """The spending windows the settings configure (``budget_*``)."""
+    return BudgetWindows(
+        session_usd=settings.budget_session_usd,
+        scope_usd=settings.budget_scope_usd,
+        day_usd=settings.budget_day_usd,
+        warn_fraction=settings.budget_warn_fraction,
+        on_exhausted=settings.budget_on_exhausted,
+    )
+
+
+def _ledger_for(settings: AgentSettings, prefix: str | None) -> SpendLedger | None:
+    """A ledger in Redis (``redis_url``) under the plugin's key ``prefix`` when the settings
+    configure a window: every worker and the app then spend from the same totals (``None``:
+    no prefix, the runtime keeps them in this process)."""
+    if prefix is None or not windows_of(settings).any:
+        return None
+    from redis.asyncio import Redis
+
+    from agent_plugin.live.spend import RedisLedger
+
+    return RedisLedger(Redis.from_url(settings.redis_url), prefix=prefix, owns=True)
 
 
 def check_always_on(spec: RuntimeSpec) -> None:
@@ -486,7 +523,8 @@ async def open_runtime(spec: RuntimeSpec, settings: AgentSettings) -> AgentRunti
             toolsets=toolsets,
             outputs=spec.outputs,
             owns_client=owns_client,
-            pacer=pacer_for(settings, spec.pacing_prefix, spec.pacing),
+            pacer=pacer_for(settings, spec.key_prefix, spec.pacing),
+            ledger=_ledger_for(settings, spec.key_prefix),
         )
         runtime.check_tool_names()
         runtime.register_secrets(_configured_secrets(spec, settings))
@@ -519,21 +557,22 @@ def _toolsets_for(spec: RuntimeSpec, settings: AgentSettings) -> list[Toolset]:
 
 
 def pacer_for(
-    settings: AgentSettings, redis_prefix: str | None, config: PacingConfig | None = None
+    settings: AgentSettings, key_prefix: str | None, config: PacingConfig | None = None
 ) -> Pacer | None:
     """The pacer of ``config`` (default: the settings' pacing limits): shared in Redis under
-    ``redis_prefix``, or in this process without one; ``None`` when no limit is set."""
+    the plugin's ``key_prefix`` (``pacing:`` added), or in this process without one; ``None``
+    when no limit is set."""
     if config is None:
         config = settings.pacing_config()
     if not config.active:
         return None
-    if redis_prefix is None:
+    if key_prefix is None:
         from agent_plugin.pacing import LocalPacer
 
         return LocalPacer(config)
     from agent_plugin.live.pacing import RedisPacer
 
-    return RedisPacer.from_url(settings.redis_url, config, prefix=redis_prefix)
+    return RedisPacer.from_url(settings.redis_url, config, prefix=f"{key_prefix}pacing:")
 
 
 def telemetry_of(settings: AgentSettings) -> Telemetry:

@@ -515,6 +515,12 @@ class RunTelemetry:
         usage = response.usage.model_copy(update={"cost_usd": cost})
         return response.model_copy(update={"usage": usage})
 
+    def cost_of(self, usage: TokenUsage, model: str | None = None) -> float | None:
+        """What ``usage`` would cost on ``model`` (default: the run's), where it has a price."""
+        return self.telemetry.prices.cost(
+            usage, model=model or self.model, provider=self.provider, base_url=self.base_url
+        )
+
     def retried(self, notice: RetryNotice) -> None:
         """The model call failed and is tried again: an event on its span, a retry counted."""
         instruments = self.instruments

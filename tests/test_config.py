@@ -141,6 +141,11 @@ def test_full_section_parses(tmp_path: Path) -> None:
         prompt_caching = false
         max_run_secs = 120
         max_cost_usd = 2
+        budget_session_usd = 1.5
+        budget_scope_usd = 10
+        budget_day_usd = 200
+        budget_warn_fraction = 0.9
+        budget_on_exhausted = "stop"
         redis_url = "rediss://cache.example.com:6380/2"
         database_url = "postgresql+asyncpg://agent@db.example.com/agent"
         route_prefix = "/api/agent"
@@ -178,6 +183,11 @@ def test_full_section_parses(tmp_path: Path) -> None:
         "prompt_caching": False,
         "max_run_secs": 120,
         "max_cost_usd": 2.0,
+        "budget_session_usd": 1.5,
+        "budget_scope_usd": 10.0,
+        "budget_day_usd": 200.0,
+        "budget_warn_fraction": 0.9,
+        "budget_on_exhausted": "stop",
         "startup_wait_secs": 30,
         "redis_url": "rediss://cache.example.com:6380/2",
         "database_url": "postgresql+asyncpg://agent@db.example.com/agent",
@@ -404,6 +414,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         AGENT_HEALTH_PATH="/status",
         AGENT_SESSION_LOCK="reject",
         AGENT_MAX_REQUEST_BYTES="4096",
+        AGENT_BUDGET_SCOPE_USD=" 2.5 ",
     )
     assert settings.model_dump() == {
         "provider": "anthropic",
@@ -416,6 +427,11 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         "prompt_caching": False,
         "max_run_secs": 90,
         "max_cost_usd": None,
+        "budget_session_usd": None,
+        "budget_scope_usd": 2.5,
+        "budget_day_usd": None,
+        "budget_warn_fraction": 0.8,
+        "budget_on_exhausted": "wrap_up",
         "startup_wait_secs": 30,
         "redis_url": "redis://10.0.0.1:6379/1",
         "database_url": "sqlite+aiosqlite:///:memory:",
@@ -457,6 +473,9 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         ("AGENT_DATABASE_URL", "agent.db", "SQLAlchemy URL"),
         ("AGENT_ROUTE_PREFIX", "/agent/", "does not end with '/'"),
         ("AGENT_HEALTH_PATH", "health", "starts with '/'"),
+        ("AGENT_BUDGET_DAY_USD", "lots", "a number of US dollars"),
+        ("AGENT_BUDGET_DAY_USD", "0", "greater than 0"),
+        ("AGENT_BUDGET_ON_EXHAUSTED", "later", "wrap_up"),
     ],
 )
 def test_env_parse_error_names_the_variable(variable: str, value: str, hint: str) -> None:

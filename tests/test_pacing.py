@@ -561,10 +561,11 @@ async def test_settings_make_a_pacer_per_model(tmp_path: Path) -> None:
     assert limits.limits_for("gpt-4o") == PaceLimits(60, None)
     local = pacer_for(settings, None)
     assert isinstance(local, LocalPacer)
-    shared = pacer_for(settings, "agent:pacing:")
+    shared = pacer_for(settings, "agent:")
     assert isinstance(shared, RedisPacer)
+    assert shared.prefix == "agent:pacing:"
     await shared.aclose()
-    assert pacer_for(AgentSettings.load(environ={}), "agent:pacing:") is None
+    assert pacer_for(AgentSettings.load(environ={}), "agent:") is None
     given = pacer_for(AgentSettings.load(environ={}), None, config(requests=3, per=1.0))
     assert isinstance(given, LocalPacer)
     assert given.config.limits_for("any") == PaceLimits(3, per=1.0)

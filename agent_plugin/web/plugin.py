@@ -319,7 +319,7 @@ class AgentPlugin:
             environ=dict(self._environ) if self._environ is not None else None,
             outputs=dict(self._outputs),
             pacing=self.pacing,
-            pacing_prefix=None if options is None else f"{options.key_prefix}pacing:",
+            key_prefix=None if options is None else options.key_prefix,
         )
 
     def check_always_on(self) -> None:
