@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 from pydantic import JsonValue
 
 from agent_plugin.budget import Budget
-from agent_plugin.cancellation import RunCancelled, until_cancelled
+from agent_plugin.cancellation import RunCancelled
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import (
     ApprovalRequired,
@@ -721,30 +721,16 @@ class RunLoop:
         return self.history(self.agent.budget.remaining(self.usage))[0]
 
     async def fold_history(self) -> bool:
-        """Fold the head of the history the run was given into one summary (the run's own
-        messages are kept); ``False`` when there is no compaction or nothing to fold."""
+        """Fold the history the run was given after an overflow (see
+        :meth:`~agent_plugin.transcript.Transcript.fold_history`); ``False`` when it was not."""
         compaction = self.compaction
-        transcript = self.transcript
-        if compaction is None or transcript.history_length < 1 or self.agent.locked:
+        if compaction is None or self.agent.locked:
             return False  # (a locked agent's history is fixed: the error is raised)
-        try:
-            result = await until_cancelled(
-                compaction.compact(
-                    self.agent.model,
-                    self.messages,
-                    force=True,
-                    keep_from=transcript.history_length,
-                ),
-                self.cancel,
-            )
-        except AgentError as error:
-            logger.warning("run %s: the history could not be folded: %s", self.run_id, error)
-            return False
+        result = await self.transcript.fold_history(compaction, self.agent.model, self.cancel)
         if result is None:
             return False
-        transcript.fold(result)
-        report = result.report
         if self.emit is not None:
+            report = result.report
             self.emit(
                 Compacted(
                     run_id=self.run_id,

@@ -8,14 +8,20 @@ history with one summary and leaves the run's own messages as they are.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from agent_plugin.budget import estimate_message, truncate_history
+from agent_plugin.cancellation import CancelToken, until_cancelled
+from agent_plugin.errors import AgentError
 from agent_plugin.messages import ChatMessage
 
 if TYPE_CHECKING:
-    from agent_plugin.compaction import CompactionResult
+    from agent_plugin.compaction import Compaction, CompactionResult
     from agent_plugin.outcomes import Folded
+    from agent_plugin.providers.base import LlmClient
+
+logger = logging.getLogger("agent_plugin")
 
 __all__ = ["Transcript"]
 
@@ -75,3 +81,23 @@ class Transcript:
                 usage=report.usage,
             ),
         )
+
+    async def fold_history(
+        self, compaction: Compaction, model: LlmClient, cancel: CancelToken | None
+    ) -> CompactionResult | None:
+        """Fold the head of the history the run was given into one summary (the run's own
+        messages are kept), as a context overflow needs; ``None`` when nothing was folded (no
+        history, nothing to fold, or the summary could not be made: logged)."""
+        if self.history_length < 1:
+            return None
+        summarize = compaction.compact(
+            model, self.messages, force=True, keep_from=self.history_length
+        )
+        try:
+            result = await until_cancelled(summarize, cancel)
+        except AgentError as error:
+            logger.warning("the history could not be folded: %s", error)
+            return None
+        if result is not None:
+            self.fold(result)
+        return result
