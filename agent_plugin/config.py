@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
-from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
@@ -34,6 +34,7 @@ from pydantic_settings import (
 )
 
 from agent_plugin.errors import AgentError
+from agent_plugin.redaction import mask_url
 
 if TYPE_CHECKING:
     from agent_plugin.pacing import PacingConfig
@@ -51,9 +52,7 @@ __all__ = [
     "ProviderName",
     "SessionLockPolicy",
     "config_sources",
-    "mask_url",
     "parse_provider",
-    "url_password",
 ]
 
 ProviderName = Literal["openai-compatible", "anthropic", "scripted"]
@@ -129,7 +128,6 @@ _PROFILE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _DOTTED: Final = r"[^\W\d]\w*(?:\.[^\W\d]\w*)*"
 _IMPORT_PATH: Final = re.compile(f"{_DOTTED}:{_DOTTED}")
 _URL_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
-_MASK: Final = "***"
 
 _ACCEPTED: Final[dict[str, str]] = {
     "provider": _ACCEPTED_PROVIDERS,
@@ -178,51 +176,6 @@ def parse_provider(text: str) -> ProviderName:
 
 def _provider_or_none(text: str) -> ProviderName | None:
     return _PROVIDER_SPELLINGS.get(text.strip().lower())
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its password (``user:pass@`` or a ``password=`` query value) masked as ``***``.
-
-    Safe for logs and reprs; a string that is not a URL comes back unchanged.
-    """
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return url
-    netloc = parts.netloc
-    if password:
-        userinfo, _, host = netloc.rpartition("@")
-        user = userinfo.partition(":")[0]
-        netloc = f"{user}:{_MASK}@{host}"
-    query = parts.query
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if any(key.lower() == "password" for key, _ in pairs):
-        query = urlencode(
-            [(key, _MASK if key.lower() == "password" else value) for key, value in pairs],
-            safe="*",
-        )
-    if netloc == parts.netloc and query == parts.query:
-        return url
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def url_password(url: str | None) -> str | None:
-    """The password of ``url`` (``user:password@`` or a ``password=`` query value), decoded,
-    or ``None``."""
-    if not url:
-        return None
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return None
-    if password:
-        return unquote(password)
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key.lower() == "password" and value:
-            return value
-    return None
 
 
 def _has_password(url: str) -> bool:

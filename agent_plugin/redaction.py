@@ -4,7 +4,8 @@ stored. Every function replaces what it finds with :data:`REDACTED` and never ra
 :func:`redact_text` (known values and credential-looking substrings), :func:`redact` (a JSON
 value for in-process events), :func:`redact_deep` (the stricter cleaning of what is published
 or stored: JSON held in strings, ``password: ...`` assignments) and :func:`scrub` (one given
-secret, in an error message). :class:`RedactingFilter` (:func:`redact_logs`) cleans log records.
+secret, in an error message). :class:`RedactingFilter` (:func:`redact_logs`) cleans log records;
+:func:`mask_url` and :func:`url_password` handle the password of a URL.
 
 A secret of no familiar shape is redacted by value once registered (:func:`register_secret`,
 :func:`registered_secrets`): process-wide, counted, thread-safe, at least
@@ -22,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final
-from urllib.parse import quote, quote_plus
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlencode, urlsplit, urlunsplit
 
 from pydantic import JsonValue
 
@@ -33,6 +34,7 @@ __all__ = [
     "REDACTED",
     "RedactingFilter",
     "looks_secret",
+    "mask_url",
     "redact",
     "redact_deep",
     "redact_logs",
@@ -41,6 +43,7 @@ __all__ = [
     "registered_secrets",
     "scrub",
     "unregister_secret",
+    "url_password",
 ]
 
 REDACTED: Final = "[REDACTED]"
@@ -447,3 +450,53 @@ def redact_logs(*targets: logging.Logger | logging.Handler | str) -> None:
         where = logging.getLogger(target) if isinstance(target, str) else target
         if not any(isinstance(f, RedactingFilter) for f in where.filters):
             where.addFilter(RedactingFilter())
+
+
+# --- passwords in URLs -------------------------------------------------------------------------
+
+_MASK: Final = "***"
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (``user:pass@`` or a ``password=`` query value) masked as ``***``.
+
+    Safe for logs and reprs; a string that is not a URL comes back unchanged.
+    """
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    netloc = parts.netloc
+    if password:
+        userinfo, _, host = netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        netloc = f"{user}:{_MASK}@{host}"
+    query = parts.query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if any(key.lower() == "password" for key, _ in pairs):
+        query = urlencode(
+            [(key, _MASK if key.lower() == "password" else value) for key, value in pairs],
+            safe="*",
+        )
+    if netloc == parts.netloc and query == parts.query:
+        return url
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def url_password(url: str | None) -> str | None:
+    """The password of ``url`` (``user:password@`` or a ``password=`` query value), decoded,
+    or ``None``."""
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return None
+    if password:
+        return unquote(password)
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key.lower() == "password" and value:
+            return value
+    return None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from agent_plugin.agent import Agent
 from agent_plugin.compaction import Compaction
-from agent_plugin.config import AgentSettings, mask_url, url_password
+from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.hooks import AgentHooks
 from agent_plugin.ids import DEFAULT_SCOPE
@@ -41,7 +41,7 @@ from agent_plugin.proactive import (
     LogDelivery,
 )
 from agent_plugin.providers.base import LlmClient
-from agent_plugin.redaction import register_secret, unregister_secret
+from agent_plugin.redaction import mask_url, register_secret, unregister_secret, url_password
 from agent_plugin.sessions import SessionStore
 from agent_plugin.skills import Skill, load_skills
 from agent_plugin.spend import BudgetWindows, LocalLedger, SpendLedger

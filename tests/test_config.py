@@ -16,7 +16,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from agent_plugin.config import AgentSettings, config_sources, mask_url, parse_provider
+from agent_plugin.config import AgentSettings, config_sources, parse_provider
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.messages import ChatMessage
 from agent_plugin.providers.anthropic import AnthropicClient
@@ -25,6 +25,7 @@ from agent_plugin.providers.factory import create_client
 from agent_plugin.providers.factory import parse_provider as factory_parse_provider
 from agent_plugin.providers.openai import OpenAICompatibleClient
 from agent_plugin.providers.scripted import ScriptedModel
+from agent_plugin.redaction import mask_url
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "agent.toml.example"
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from agent_plugin.config import AgentSettings, mask_url
+from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import RunEnded
 from agent_plugin.jobs.args import RunArgs, RunHandle, idempotent_run_id
@@ -42,7 +42,7 @@ from agent_plugin.live import RunControlChannel, RunEventStream, open_events
 from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.proactive import FollowupPlan
 from agent_plugin.records import RunRecord, RunStatus
-from agent_plugin.redaction import redact_text
+from agent_plugin.redaction import mask_url, redact_text
 from agent_plugin.steering import MessageMode
 from agent_plugin.storage import SqlRunStore
 from agent_plugin.telemetry import trace_carrier

@@ -22,9 +22,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agent_plugin.config import mask_url
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.redaction import scrub
+from agent_plugin.redaction import mask_url, scrub
 
 logger = logging.getLogger("agent_plugin.jobs")
 
