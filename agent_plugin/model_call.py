@@ -20,7 +20,7 @@ from agent_plugin.events import ModelFallback, PacingWait
 from agent_plugin.messages import ChatMessage
 from agent_plugin.model_stream import read_stream
 from agent_plugin.options import EventSink
-from agent_plugin.pacing import Pacer, heard_headers
+from agent_plugin.pacing import LimitName, Pacer, heard_headers
 from agent_plugin.providers.base import ChatRequest, ChatResponse, LlmClient
 from agent_plugin.providers.retry import RetryNotice
 from agent_plugin.retrying import CallRetries
@@ -191,25 +191,17 @@ class ModelCaller:
         wait = await pacer.acquire(provider, model, tokens, max_wait=left)
         if not wait.granted:
             raise DeadlinePassed
-        if wait.limit is not None and wait.seconds > 0:
-            if self.emit is not None:
-                self.emit(
-                    PacingWait(
-                        run_id=self.run_id,
-                        wait_seconds=round(wait.seconds, 3),
-                        limit=wait.limit,
-                        provider=provider,
-                        model=model,
-                    )
-                )
-            with self.telemetry.paced(wait.seconds, wait.limit, model):
-                await asyncio.sleep(wait.seconds)
         heard: list[Mapping[str, str]] = []
         listening = heard_headers.set(heard.append)
         try:
+            if wait.limit is not None and wait.seconds > 0:
+                await self.pacing_wait(wait.seconds, wait.limit, model)
             response = await self.send(request)
-        except AgentError:
-            await pacer.observe(provider, model, heard[-1] if heard else None, unused_tokens=tokens)
+        except BaseException:  # failed or stopped, waiting or asking: the estimate comes back
+            given_back = pacer.observe(
+                provider, model, heard[-1] if heard else None, unused_tokens=tokens
+            )
+            await asyncio.shield(given_back)
             raise
         finally:
             heard_headers.reset(listening)
@@ -217,6 +209,21 @@ class ModelCaller:
         unused = tokens - used if used else 0  # no usage reported: keep the estimate
         await pacer.observe(provider, model, heard[-1] if heard else None, unused_tokens=unused)
         return response
+
+    async def pacing_wait(self, seconds: float, limit: LimitName, model: str) -> None:
+        """Wait ``seconds`` for the pacing ``limit``, told as an event and a span."""
+        if self.emit is not None:
+            self.emit(
+                PacingWait(
+                    run_id=self.run_id,
+                    wait_seconds=round(seconds, 3),
+                    limit=limit,
+                    provider=self.telemetry.provider,
+                    model=model,
+                )
+            )
+        with self.telemetry.paced(seconds, limit, model):
+            await asyncio.sleep(seconds)
 
     async def bounded(self, call: Awaitable[ChatResponse]) -> ChatResponse:
         try:

@@ -177,12 +177,13 @@ def _refilled(bucket: _Bucket | None, capacity: float, rate: float, now: float) 
 def ceiling(remaining: float | None, reset: float | None, capacity: float, rate: float) -> float:
     """The most a bucket may hold after the provider said ``remaining`` are left and the limit
     is whole again in ``reset`` seconds (a bucket refilling at ``rate`` must not be whole
-    sooner)."""
+    sooner), but never below minus one whole bucket: a reset far away (a daily limit's) holds
+    calls back for at most two of the bucket's windows, not for hours."""
     top = capacity
     if remaining is not None:
         top = min(top, remaining)
     if reset is not None:
-        top = min(top, capacity - reset * rate)
+        top = min(top, max(capacity - reset * rate, -capacity))
     return top
 
 

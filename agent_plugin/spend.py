@@ -138,11 +138,13 @@ class Hold:
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """No hold: ``window`` has no room for it (``used``: spent and held there). ``busy``:
-    there would be room once other calls' holds are settled (the caller may wait)."""
+    """No hold: ``window`` has no room for it (``used``: spent and held there, ``spent``:
+    settled alone). ``busy``: there would be room once other calls' holds are settled (the
+    caller may wait)."""
 
     window: Window
     used: float
+    spent: float
     busy: bool = False
 
 
@@ -173,9 +175,9 @@ class LocalLedger:
             spent = self.spent_by.get(window.key, 0.0)
             used = spent + self.held.get(window.key, 0.0)
             if spent + amount > window.limit:
-                return Refused(window, used)
+                return Refused(window, used, spent)
             if used + amount > window.limit and busy is None:
-                busy = Refused(window, used, busy=True)
+                busy = Refused(window, used, spent, busy=True)
         if busy is not None:
             return busy
         for window in windows:
@@ -281,7 +283,7 @@ class RunSpend:
             held = await self.ledger.reserve(windows, amount)
         note: ChatMessage | None = None
         if isinstance(held, Refused):
-            if self.wrapped_up or self.windows.on_exhausted == "stop" or not self.can_wrap_up:
+            if not self.may_wrap_up(held):
                 raise WindowExhausted(held.window.name)
             self.wrapped_up = True
             note = ChatMessage.user(WRAP_UP_NOTE)
@@ -290,18 +292,33 @@ class RunSpend:
             held = Hold(windows, 0.0)
         try:
             response = await ask(request, note)
-        except BaseException:
-            with contextlib.suppress(AgentError):  # the call's own failure is what to tell
-                await asyncio.shield(self.ledger.settle(held, 0.0))
+        except BaseException as stop:
+            # a failed call costs nothing; one stopped midway (cancelled, interrupted, out of
+            # time) may have been billed, so it counts at its hold, the most it could cost
+            billed = 0.0 if isinstance(stop, AgentError) else held.amount
+            with contextlib.suppress(AgentError):  # the call's own end is what to tell
+                await asyncio.shield(self.ledger.settle(held, billed))
             raise
         cost = response.usage.cost_usd
         try:
-            totals = await self.ledger.settle(held, held.amount if cost is None else cost)
+            totals = await asyncio.shield(
+                self.ledger.settle(held, held.amount if cost is None else cost)
+            )
         except AgentError as error:  # the reply stands; the hold lapses in its own time
             logger.warning("run %s: a model call's cost was not settled: %s", self.run_id, error)
             return response
         self.told(held.windows, totals, cost)
         return response
+
+    def may_wrap_up(self, refused: Refused) -> bool:
+        """Whether the run makes its one wrap-up call: only while the window has not reached
+        its limit, so an exhausted session or scope does not pay one more call per new run."""
+        return (
+            self.windows.on_exhausted == "wrap_up"
+            and self.can_wrap_up
+            and not self.wrapped_up
+            and refused.spent < refused.window.limit
+        )
 
     def wrap_up_choice(self, request: ChatRequest) -> str | None:
         """``none``, or the typed output's one final-result tool (``None``: no tools)."""

@@ -296,6 +296,17 @@ async def test_a_reset_later_than_the_bucket_would_refill_holds_it_back(
     assert wait.seconds == pytest.approx(66.0, abs=1.5)  # whole at 120 s: one token at 66 s
 
 
+async def test_a_reset_hours_away_holds_the_bucket_back_two_windows_at_most(
+    pacer_of: PacerOf,
+) -> None:
+    # a daily limit's reset (23 h) against a bucket of 10 a minute: not a stall for hours
+    pacer = pacer_of(config(requests=10, per=60.0))
+    await pacer.observe("openai", MODEL, openai_says(0, "23h0m0s"))
+    wait = await pacer.acquire("openai", MODEL, 1, max_wait=0)
+    assert not wait.granted
+    assert wait.seconds == pytest.approx(66.0, abs=1.5)  # from minus one bucket: 11 tokens
+
+
 async def test_more_remaining_than_the_bucket_holds_changes_nothing(pacer_of: PacerOf) -> None:
     pacer = pacer_of(config(requests=2, per=10.0))
     await pacer.acquire("openai", MODEL, 1)

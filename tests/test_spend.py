@@ -221,6 +221,7 @@ async def test_a_hold_is_settled_at_the_call_s_cost(ledger: SpendLedger) -> None
     assert isinstance(refused, Refused)
     assert (refused.window, refused.busy) == (scope, False)
     assert refused.used == pytest.approx(0.95)
+    assert refused.spent == pytest.approx(0.95)
     assert await spent(ledger, session) == pytest.approx(0.95)
 
 
@@ -470,6 +471,21 @@ async def test_only_one_wrap_up_then_the_run_stops() -> None:
     assert isinstance(outcome, BudgetExhausted)
     assert (outcome.reason, outcome.window) == ("window", "scope")
     assert model.calls == 1
+
+
+async def test_a_window_spent_to_its_limit_gives_a_new_run_no_wrap_up() -> None:
+    # a wrap-up is one call past the limit per run as the window runs out, not one per run
+    # for ever: once the window's settled total reaches its limit, runs stop without a call
+    ledger = await prefilled(limit=1.0, room=0.01)
+    first = ScriptedModel(["what I have"])
+    assert isinstance((await agent(first, ledger, scope_usd=1.0).run("go")).outcome, Completed)
+    assert first.calls == 1  # the wrap-up took the window past its limit
+    for _ in range(3):
+        later = ScriptedModel(["never sent"])
+        outcome = (await agent(later, ledger, scope_usd=1.0).run("go")).outcome
+        assert isinstance(outcome, BudgetExhausted)
+        assert later.calls == 0
+    assert await ledger.spent(Window("scope", "scope:agent", 1.0)) == pytest.approx(1.005)
 
 
 async def test_a_call_that_fails_releases_its_hold() -> None:

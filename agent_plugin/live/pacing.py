@@ -166,7 +166,7 @@ class RedisPacer:
                 args += [repr(float(amount)), repr(float(give))]
         try:
             reply = await self._script(keys=self.keys(provider, model), args=args)
-        except RedisError as error:
+        except (RedisError, OSError) as error:
             logger.warning("pacing %s %s: Redis failed (%s); not waiting", provider, model, error)
             return None
         wait, which, granted = (_text(part) for part in reply)

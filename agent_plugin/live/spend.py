@@ -35,10 +35,10 @@ for i = 1, n do
   end
   local limit = tonumber(ARGV[3 + 2 * i])
   if spent + amount > limit then
-    return {i, tostring(used), 0}
+    return {i, tostring(used), 0, tostring(spent)}
   end
   if used + amount > limit and busy == nil then
-    busy = {i, tostring(used), 1}
+    busy = {i, tostring(used), 1, tostring(spent)}
   end
 end
 if busy ~= nil then
@@ -51,11 +51,11 @@ for i = 1, n do
     redis.call('EXPIRE', KEYS[2 * i], ttl)
   end
 end
-return {0, '0', 0}
+return {0, '0', 0, '0'}
 """
 """KEYS: per window, its spent and holds keys. ARGV: amount, member, now and lapse (ms),
 then per window its limit and key TTL (0: none). Returns ``{0, ...}`` or the refusing window's
-number, what it has spent and held, and whether it is only busy."""
+number, what it has spent and held, whether it is only busy, and what it has spent."""
 
 _SETTLE: Final = """
 local out = {}
@@ -110,7 +110,9 @@ class RedisLedger:
             raise _unavailable(error) from None
         refused = int(answer[0])
         if refused:
-            return Refused(windows[refused - 1], float(answer[1]), busy=bool(int(answer[2])))
+            window = windows[refused - 1]
+            used, busy, spent = float(answer[1]), bool(int(answer[2])), float(answer[3])
+            return Refused(window, used, spent, busy=busy)
         return hold
 
     async def settle(self, hold: Hold, cost: float) -> tuple[float, ...]:
