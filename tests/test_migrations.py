@@ -151,6 +151,12 @@ async def test_0007_lets_one_run_of_a_session_be_in_progress(empty_database: Dat
     async with database.write() as conn:
         await conn.execute(sa.text("UPDATE agent_runs SET status = 'in_progress'"))
     assert await database.current_revision() == "0006"
+    # two runs of session s in progress (an older release's workers): 0007 says so, untouched
+    with pytest.raises(AgentError) as caught:
+        await database.migrate()
+    assert caught.value.kind is ErrorKind.CONFLICT
+    assert "1 session(s) have more than one run in progress (first: 's')" in caught.value.message
+    assert await database.current_revision() == "0006"
 
 
 async def test_an_unknown_revision_is_a_config_error(tmp_path: Path) -> None:

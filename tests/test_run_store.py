@@ -1491,6 +1491,27 @@ async def test_runs_of_a_session_take_their_turns_in_the_order_they_were_enqueue
     assert await store.session_turn(session, loner)
 
 
+async def test_a_dead_workers_run_keeps_its_session_from_a_run_placed_before_it(
+    database: Database,
+) -> None:
+    """A run booked for later (place 1) becomes due while a run placed after it (place 2) is in
+    progress, and that run's worker dies: its re-delivery has the session still, and the
+    earlier run waits for it to end; neither waits for the other until the job timeout."""
+    store = SqlRunStore(database)
+    session = f"dead-{uuid.uuid4().hex[:8]}"
+    booked, running = new_run_id(), new_run_id()
+    await store.create(booked, origin="request", args={}, session_id=session, not_before=0.3)
+    await store.create(running, origin="request", args={}, session_id=session)
+    assert await store.session_turn(session, running)  # the booked run is not due yet
+    await store.start(running, job_id=running, lease=0.2)
+    await asyncio.sleep(0.4)  # the booked run is due, the running run's lease has lapsed
+    assert await store.session_turn(session, running)
+    assert not await store.session_turn(session, booked)
+    await store.start(running, job_id=running, lease=30)
+    await store.finish(running, Completed(text="done", steps_used=1, usage=TokenUsage()))
+    assert await store.session_turn(session, booked)
+
+
 async def test_the_database_refuses_a_second_run_of_a_session_in_progress(
     database: Database,
 ) -> None:

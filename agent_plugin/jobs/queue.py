@@ -217,9 +217,9 @@ class RunQueue:
                     queue_name=self.options.queue_name,
                     defer_by=delay,
                 )
-        except AgentError:
+        except BaseException:  # (a cancelled request too: a refused run must not stay queued)
             if created:  # unrecorded, so a retry (derived run ids too) can enqueue it again
-                await quietly(self.store.discard(run_id))
+                await quietly(asyncio.shield(self.store.discard(run_id)))
             raise
         logger.info("run %s queued (origin %s)", run_id, args.origin)
         return self.handle(run_id)
@@ -283,9 +283,9 @@ class RunQueue:
                     _queue_name=self.options.queue_name,
                     **_trace_kwargs(),
                 )
-        except AgentError:
+        except BaseException:
             # the run awaits approval again: the same decisions can be sent once more
-            await quietly(self.store.return_paused_state(run_id, record.outcome))
+            await quietly(asyncio.shield(self.store.return_paused_state(run_id, record.outcome)))
             raise
         logger.info("run %s: %d decision(s) accepted, resume queued", run_id, len(decisions))
         return self.handle(run_id)

@@ -26,8 +26,10 @@ async def session_held(
 ) -> bool:
     """Whether another run of ``session_id`` holds it: one in progress, or one queued (ahead of
     ``besides``, when given: enqueued before it) that is due, or waits for its retry or its
-    resume. With ``reserved``, a queued run booked for later holds it from its enqueue too
-    (what ``session_lock = "reject"`` promises), unless it is a follow-up."""
+    resume. A ``besides`` in progress itself (the re-delivery of a run whose worker died) is
+    held back by no queued run: it has the session already. With ``reserved``, a queued run
+    booked for later holds it from its enqueue too (what ``session_lock = "reject"``
+    promises), unless it is a follow-up."""
     other = aliased(RUNS)
     waiting = sa.or_(
         other.attempt > 0,
@@ -38,9 +40,11 @@ async def session_held(
     queued = sa.and_(other.status == RunStatus.QUEUED.value, waiting)
     where = [other.session_id == session_id]
     if besides is not None:
-        place = sa.select(RUNS.session_seq).where(RUNS.run_id == besides).scalar_subquery()
+        mine = sa.select(RUNS.session_seq, RUNS.status).where(RUNS.run_id == besides).subquery()
+        place = sa.select(mine.c.session_seq).scalar_subquery()
+        running = sa.select(mine.c.status).scalar_subquery() == RunStatus.IN_PROGRESS.value
         where.append(other.run_id != besides)
-        queued = sa.and_(queued, other.session_seq < place)
+        queued = sa.and_(queued, other.session_seq < place, sa.not_(running))
     query = (
         sa.select(other.run_id)
         .where(*where, sa.or_(other.status == RunStatus.IN_PROGRESS.value, queued))

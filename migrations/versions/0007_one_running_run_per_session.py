@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from agent_plugin.errors import AgentError, ErrorKind
+
 revision: str = "0007"
 down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
@@ -25,6 +27,20 @@ WHERE = "status = 'in_progress' AND session_id IS NOT NULL"
 
 
 def upgrade() -> None:
+    doubled = op.get_bind().execute(
+        sa.text(
+            f"SELECT session_id FROM agent_runs WHERE {WHERE} "
+            "GROUP BY session_id HAVING COUNT(*) > 1"
+        )
+    )
+    sessions = [row[0] for row in doubled]
+    if sessions:
+        raise AgentError(
+            ErrorKind.CONFLICT,
+            f"{len(sessions)} session(s) have more than one run in progress (first: "
+            f"{sessions[0]!r}): stop the workers of the older release, let their runs end or "
+            "cancel them, then migrate again",
+        )
     op.create_index(
         op.f(INDEX),
         "agent_runs",
