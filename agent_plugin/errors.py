@@ -9,7 +9,15 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_plugin.redaction import redact_text
 
-__all__ = ["BODY_LIMIT", "AgentError", "ErrorInfo", "ErrorKind", "PrefixLocked", "describe"]
+__all__ = [
+    "BODY_LIMIT",
+    "AgentError",
+    "ErrorInfo",
+    "ErrorKind",
+    "PrefixLocked",
+    "SessionLocked",
+    "describe",
+]
 
 BODY_LIMIT: Final = 500
 """At most this many characters of a provider's error body are kept in an error."""
@@ -197,6 +205,19 @@ class PrefixLocked(AgentError):
             ErrorKind.CONFLICT,
             f"{what}: the agent is locked (its prompt prefix is fixed); unlock() it first, "
             "accepting that the provider's prompt cache starts over",
+        )
+
+
+class SessionLocked(AgentError):
+    """A change to what a locked session keeps fixed (the system prompt and tools its runs
+    bring, the history up to the lock): refused, so prompt caches keep hitting. Kind
+    ``conflict``."""
+
+    def __init__(self, session_id: str, what: str) -> None:
+        super().__init__(
+            ErrorKind.CONFLICT,
+            f"{what}: session {session_id!r} is locked (its prompt prefix is fixed); unlock it "
+            "first, accepting that the provider's prompt cache starts over",
         )
 
 

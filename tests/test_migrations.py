@@ -84,7 +84,7 @@ async def app_data_is_intact(database: Database) -> None:
 async def test_upgrade_downgrade_upgrade(empty_database: Database) -> None:
     database = empty_database
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head == "0006"
+    assert head == "0008"
     assert await database.current_revision() is None
 
     await database.migrate()
@@ -158,7 +158,7 @@ def test_the_cli_migrates_in_a_new_process(tmp_path: Path) -> None:
     path = tmp_path / "cli.db"
     result = cli("--database-url", sqlite_url(path))
     assert result.returncode == 0, result.stderr
-    assert "is at revision 0006" in result.stdout
+    assert "is at revision 0008" in result.stdout
     assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
 
 
@@ -189,18 +189,18 @@ def test_the_cli_reads_the_apps_database_url_from_its_config_layers(
     )
     (tmp_path / ".env").write_text("AGENT_PROFILE=prod\n", encoding="utf-8")
     assert main(["migrate", "upgrade", "0002"]) == 0
-    assert "at revision 0002 (behind head 0006" in capsys.readouterr().out
+    assert "at revision 0002 (behind head 0008" in capsys.readouterr().out
     assert (tmp_path / "from-overlay.db").is_file()
     monkeypatch.setenv("AGENT_DATABASE_URL", f"sqlite:///{tmp_path / 'plain.db'}")  # plain works
     assert main(["migrate", "current"]) == 0
-    assert "is at base (no plugin tables); head is 0006 (database_url of the app's settings)" in (
+    assert "is at base (no plugin tables); head is 0008 (database_url of the app's settings)" in (
         capsys.readouterr().out
     )
     # --database-url beats the layers, before or after the action.
     other = sqlite_url(tmp_path / "other.db")
     assert main(["migrate", "--database-url", other]) == 0
     assert main(["migrate", "current", "--database-url", other]) == 0
-    assert "other.db is at revision 0006 (head) (--database-url)" in capsys.readouterr().out
+    assert "other.db is at revision 0008 (head) (--database-url)" in capsys.readouterr().out
 
 
 def test_a_downgrade_needs_a_revision_and_a_confirmation(
@@ -216,7 +216,7 @@ def test_a_downgrade_needs_a_revision_and_a_confirmation(
     # Not a terminal and no --yes: refused, and nothing changes.
     assert main(["migrate", "downgrade", "0003", *url], stdin=io.StringIO()) == 2
     err = capsys.readouterr().err
-    assert "undoes 0006, 0005, 0004" in err
+    assert "undoes 0008, 0006, 0005, 0004" in err
     assert "--yes" in err
     assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
 
@@ -252,9 +252,10 @@ def test_history_marks_the_head_and_the_current_revision(
     url = ["--database-url", sqlite_url(tmp_path / "history.db")]
     assert main(["migrate", "history", *url]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("0006 (head)  Runs of one session take their turns")
+    assert lines[0].startswith("0008 (head)  Session branches and locks: every entry")
     assert lines[-1] == "base (current)  no plugin tables"
     assert [line.split()[0] for line in lines] == [
+        "0008",
         "0006",
         "0005",
         "0004",
