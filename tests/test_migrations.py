@@ -4,6 +4,7 @@ models; they leave an application's own tables alone; the CLI runs them."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from alembic.script import ScriptDirectory
 
 from agent_plugin.__main__ import main
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.storage import Database
+from agent_plugin.messages import ChatMessage
+from agent_plugin.storage import Database, SqlSessionStore
 from agent_plugin.storage.migrations import (
     VERSION_TABLE,
     alembic_config,
@@ -103,6 +105,44 @@ async def test_upgrade_downgrade_upgrade(empty_database: Database) -> None:
     assert await database.current_revision() == head
     assert await model_differences(database) == []
     await app_data_is_intact(database)
+
+
+async def test_0008_sessions_written_before_branches_keep_their_history(
+    empty_database: Database,
+) -> None:
+    """Entries stored at 0006 follow each other after the upgrade; a downgrade keeps them."""
+    database = empty_database
+    await database.migrate("0006")
+    async with database.write() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO agent_sessions (id, version, created_at, updated_at) "
+                "VALUES ('old', 3, '2026-01-01 00:00:00', '2026-01-01 00:00:00')"
+            )
+        )
+        for seq, text in enumerate(["q1", "a1", "q2"], start=1):
+            role = "user" if seq % 2 else "assistant"
+            payload = json.dumps({"role": role, "content": [{"text": text}]})
+            await conn.execute(
+                sa.text(
+                    "INSERT INTO agent_session_entries (session_id, seq, kind, payload, "
+                    "created_at) VALUES ('old', :seq, 'message', :payload, "
+                    "'2026-01-01 00:00:00')"
+                ),
+                {"seq": seq, "payload": payload},
+            )
+    await database.migrate()
+    store = SqlSessionStore(database)
+    assert [m.text for m in (await store.load("old")).messages] == ["q1", "a1", "q2"]
+    assert [e.parent_seq for e in await store.entries("old")] == [None, 1, 2]
+    await store.fork("old", 1)
+    assert await store.append("old", [ChatMessage.assistant("b1")], expected_version=3) == 4
+    assert [m.text for m in (await store.load("old")).messages] == ["q1", "b1"]
+
+    await database.downgrade("0006")
+    async with database.read() as conn:
+        count = await conn.scalar(sa.text("SELECT count(*) FROM agent_session_entries"))
+    assert count == 4
 
 
 async def test_the_comparison_can_see_a_difference(empty_database: Database) -> None:

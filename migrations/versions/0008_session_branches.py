@@ -25,19 +25,18 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("agent_session_entries") as batch:
-        batch.add_column(sa.Column("parent_seq", sa.Integer(), nullable=True))
+    op.add_column("agent_session_entries", sa.Column("parent_seq", sa.Integer(), nullable=True))
     op.execute("UPDATE agent_session_entries SET parent_seq = seq - 1 WHERE seq > 1")
-    with op.batch_alter_table("agent_sessions") as batch:
-        batch.add_column(sa.Column("head", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("lock_seq", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("lock_fingerprint", sa.String(length=64), nullable=True))
+    op.add_column("agent_sessions", sa.Column("head", sa.Integer(), nullable=True))
+    op.add_column("agent_sessions", sa.Column("lock_seq", sa.Integer(), nullable=True))
+    op.add_column(
+        "agent_sessions", sa.Column("lock_fingerprint", sa.String(length=64), nullable=True)
+    )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("agent_sessions") as batch:
-        batch.drop_column("lock_fingerprint")
-        batch.drop_column("lock_seq")
-        batch.drop_column("head")
-    with op.batch_alter_table("agent_session_entries") as batch:
-        batch.drop_column("parent_seq")
+    # plain ALTER TABLE ... DROP COLUMN (SQLite 3.35+): a batch copy of agent_sessions would
+    # drop the table, and with it every entry through the foreign key's ON DELETE CASCADE
+    for column in ("lock_fingerprint", "lock_seq", "head"):
+        op.drop_column("agent_sessions", column)
+    op.drop_column("agent_session_entries", "parent_seq")
