@@ -23,6 +23,7 @@ from pydantic import (
     TypeAdapter,
     WithJsonSchema,
     create_model,
+    model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
@@ -126,6 +127,12 @@ class RunRequest(BaseModel):
         default=None,
         description="When messages sent to the run without a mode join it (default steer)",
     )
+
+    @model_validator(mode="after")
+    def _branch_of_a_session(self) -> RunRequest:
+        if self.branch is not None and self.session is None:
+            raise ValueError("a branch needs a session")
+        return self
 
 
 class ForkRequest(BaseModel):
