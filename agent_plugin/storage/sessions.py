@@ -11,7 +11,8 @@ session already is.
 Loading reads the version together with the latest compaction entry (one indexed query), then
 the message entries from that compaction's ``first_kept_seq`` on (one query), however many
 messages the session holds. Once a session has branches (its ``head`` is set), a branch is read
-in one recursive query that walks ``parent_seq`` from the leaf to the root.
+from its links (``seq, parent_seq`` up to the leaf: one primary-key range, no payloads), walked
+from the leaf to the root here, then the payloads of the messages on it.
 """
 
 from __future__ import annotations
@@ -106,8 +107,7 @@ class SqlSessionStore:
                 raise unknown_entry_error(session_id, leaf)
             if head is not None or (leaf is not None and leaf != version):
                 tip = leaf if leaf is not None else head or version
-                path = (await conn.execute(_path_query(session_id, tip))).all()
-                return _branch_view(session_id, path, version, lock)
+                return await _branch_view(conn, session_id, tip, version, lock)
             compaction = (
                 _decode_compaction(session_id, compaction_seq, compaction_parent, payload)
                 if compaction_seq is not None
@@ -214,9 +214,7 @@ class SqlSessionStore:
             if state.head is None and after == expected_version:
                 on_branch = 1 <= first_kept_seq <= after
             else:
-                on_branch = first_kept_seq in {
-                    s for s, _ in await _path_seqs(conn, session_id, after)
-                }
+                on_branch = first_kept_seq in await _path_seqs(conn, session_id, after)
             kind = await conn.scalar(
                 sa.select(_ENTRIES.kind).where(
                     _ENTRIES.session_id == session_id, _ENTRIES.seq == first_kept_seq
@@ -258,10 +256,9 @@ class SqlSessionStore:
             state = await _state(conn, session_id)
             if not 1 <= at_seq <= state.version:
                 raise unknown_entry_error(session_id, at_seq)
-            if state.lock is not None and state.lock.seq:
-                path = {s for s, _ in await _path_seqs(conn, session_id, at_seq)}
-                if state.lock.seq not in path:
-                    raise SessionLocked(session_id, f"forking at entry {at_seq}")
+            locked = state.lock.seq if state.lock is not None else 0
+            if locked and locked not in await _path_seqs(conn, session_id, at_seq):
+                raise SessionLocked(session_id, f"forking at entry {at_seq}")
             if at_seq != (state.version if state.head is None else state.head):
                 await conn.execute(
                     sa.update(_SESSIONS)
@@ -372,11 +369,9 @@ async def _continued(
         return head
     if not 1 <= leaf <= state.version:
         raise unknown_entry_error(session_id, leaf)
-    lock = state.lock
-    if lock is not None and lock.seq:
-        path = await _path_seqs(conn, session_id, leaf)
-        if lock.seq not in {seq for seq, _ in path}:
-            raise SessionLocked(session_id, f"continuing entry {leaf}")
+    locked = state.lock.seq if state.lock is not None else 0
+    if locked and locked not in await _path_seqs(conn, session_id, leaf):
+        raise SessionLocked(session_id, f"continuing entry {leaf}")
     return leaf
 
 
@@ -419,31 +414,33 @@ def _latest_compaction_seq() -> sa.ScalarSelect[int]:
     )
 
 
-def _path_query(session_id: str, leaf: int) -> sa.Select[int, int | None, str, str]:
-    """The entries from the root to ``leaf``: one recursive walk up ``parent_seq``."""
-    up = aliased(_ENTRIES)
-    path = (
-        sa.select(_ENTRIES.seq, _ENTRIES.parent_seq)
-        .where(_ENTRIES.session_id == session_id, _ENTRIES.seq == leaf)
-        .cte("path", recursive=True)
-    )
-    path = path.union_all(
-        sa.select(up.seq, up.parent_seq).where(
-            up.session_id == session_id, up.seq == path.c.parent_seq
-        )
-    )
-    return (
-        sa.select(_ENTRIES.seq, _ENTRIES.parent_seq, _ENTRIES.kind, _payload_text())
-        .join(path, sa.and_(_ENTRIES.session_id == session_id, _ENTRIES.seq == path.c.seq))
-        .order_by(_ENTRIES.seq)
-    )
-
-
-async def _path_seqs(
+async def _path(
     conn: AsyncConnection, session_id: str, leaf: int
-) -> list[tuple[int, int | None]]:
-    rows = (await conn.execute(_path_query(session_id, leaf))).all()
-    return [(seq, parent) for seq, parent, _, _ in rows]
+) -> list[tuple[int, int | None, str]]:
+    """``(seq, parent_seq, kind)`` of the entries from the root to ``leaf``, root first.
+
+    The links up to ``leaf`` come in one range read of the primary key (no payloads) and are
+    walked here: a planner's choice cannot turn the walk into a scan per step."""
+    rows = (
+        await conn.execute(
+            sa.select(_ENTRIES.seq, _ENTRIES.parent_seq, _ENTRIES.kind).where(
+                _ENTRIES.session_id == session_id, _ENTRIES.seq <= leaf
+            )
+        )
+    ).all()
+    links = {seq: (parent, kind) for seq, parent, kind in rows}
+    path: list[tuple[int, int | None, str]] = []
+    seq: int | None = leaf
+    while seq is not None and seq in links:
+        parent, kind = links[seq]
+        path.append((seq, parent, kind))
+        seq = parent if parent is not None and parent < seq else None
+    path.reverse()
+    return path
+
+
+async def _path_seqs(conn: AsyncConnection, session_id: str, leaf: int) -> set[int]:
+    return {seq for seq, _, _ in await _path(conn, session_id, leaf)}
 
 
 async def _tree(conn: AsyncConnection, session_id: str) -> SessionTree:
@@ -457,26 +454,40 @@ async def _tree(conn: AsyncConnection, session_id: str) -> SessionTree:
     return SessionTree(((int(seq), parent) for seq, parent in links), head)
 
 
-def _branch_view(
+async def _branch_view(
+    conn: AsyncConnection,
     session_id: str,
-    path: Sequence[sa.Row[int, int | None, str, str]],
+    leaf: int,
     version: int,
     lock: SessionLock | None,
 ) -> SessionView:
-    """The view of a branch from its path rows; only the latest compaction's kept messages
-    are decoded."""
+    """The view of the branch ending at ``leaf``: its path, then its latest compaction (if
+    any), then the payloads of its messages from that compaction's ``first_kept_seq`` on."""
+    path = await _path(conn, session_id, leaf)
     compaction: CompactionEntry | None = None
-    for seq, parent, kind, payload in reversed(path):
+    for seq, parent, kind in reversed(path):
         if kind == _COMPACTION:
+            payload = await conn.scalar(
+                sa.select(_payload_text()).where(
+                    _ENTRIES.session_id == session_id, _ENTRIES.seq == seq
+                )
+            )
             compaction = _decode_compaction(session_id, seq, parent, payload)
             break
     first = compaction.first_kept_seq if compaction is not None else 1
-    messages = [
-        _decode_message(session_id, seq, parent, payload)
-        for seq, parent, kind, payload in path
-        if kind == _MESSAGE and seq >= first
-    ]
-    leaf = path[-1][0] if path else 0
+    on_path = {seq for seq, _, kind in path if kind == _MESSAGE and seq >= first}
+    rows = (
+        await conn.execute(
+            sa.select(_ENTRIES.seq, _ENTRIES.parent_seq, _payload_text())
+            .where(
+                _ENTRIES.session_id == session_id,
+                _ENTRIES.kind == _MESSAGE,
+                _ENTRIES.seq.between(first, leaf),
+            )
+            .order_by(_ENTRIES.seq)
+        )
+    ).all()
+    messages = [_decode_message(session_id, *row) for row in rows if row[0] in on_path]
     return SessionView.compose(compaction, messages, version, leaf=leaf, lock=lock)
 
 
