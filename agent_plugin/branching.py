@@ -66,8 +66,9 @@ def unknown_entry_error(session_id: str, seq: int) -> AgentError:
 class SessionTree:
     """The tree of a session's entries, from ``(seq, parent_seq)`` pairs and the head.
 
-    Parents always come before their children (a store gives a new entry a parent it already
-    holds), so walking up a path ends at a root. An empty session has no branches.
+    A store gives a new entry a parent it already holds, so walking up a path ends at a root;
+    links that loop (a hand-made file) end the walk where it would repeat itself. An empty
+    session has no branches.
     """
 
     def __init__(self, links: Iterable[tuple[int, int | None]], head: int) -> None:
@@ -84,8 +85,10 @@ class SessionTree:
     def path(self, leaf: int) -> list[int]:
         """The seqs from the root to ``leaf``, in order (empty for an unknown seq)."""
         seqs: list[int] = []
+        seen: set[int] = set()
         node: int | None = leaf if leaf in self.parents else None
-        while node is not None:
+        while node is not None and node not in seen:
+            seen.add(node)
             seqs.append(node)
             node = self.parents.get(node)
         seqs.reverse()

@@ -72,6 +72,10 @@ def test_op23_the_tree_finds_paths_leaves_and_fork_points() -> None:
     assert [b.leaf for b in forked.branches()] == [3, 4, 6, 7]
     assert forked.branches()[0] == Branch(leaf=3, length=3, fork_point=3, active=True)
     assert SessionTree([], head=0).branches() == []
+    # links that loop end the walk instead of hanging it
+    looped = SessionTree([(1, 2), (2, 1), (3, 2)], head=3)
+    assert looped.path(3) == [1, 2, 3]
+    assert [b.leaf for b in looped.branches()] == [3]
 
 
 def test_op24_a_view_from_entries_follows_the_leaf() -> None:
