@@ -11,8 +11,8 @@ session already is.
 Loading reads the version together with the latest compaction entry (one indexed query), then
 the message entries from that compaction's ``first_kept_seq`` on (one query), however many
 messages the session holds. Once a session has branches (its ``head`` is set), a branch is read
-from its links (``seq, parent_seq`` up to the leaf: one primary-key range, no payloads), walked
-from the leaf to the root here, then the payloads of the messages on it.
+from its links (``seq, parent_seq``: primary-key ranges, no payloads), walked from the leaf to
+the root, or to its latest compaction's first kept message, then the messages on it.
 """
 
 from __future__ import annotations
@@ -414,33 +414,58 @@ def _latest_compaction_seq() -> sa.ScalarSelect[int]:
     )
 
 
+_WINDOW: Final = 1024
+"""How many links a branch walk reads first; each further read covers four times as many."""
+
+
 async def _path(
-    conn: AsyncConnection, session_id: str, leaf: int
-) -> list[tuple[int, int | None, str]]:
+    conn: AsyncConnection, session_id: str, leaf: int, *, to_compaction: bool = False
+) -> tuple[list[tuple[int, int | None, str]], CompactionEntry | None]:
     """``(seq, parent_seq, kind)`` of the entries from the root to ``leaf``, root first.
 
-    The links up to ``leaf`` come in one range read of the primary key (no payloads) and are
-    walked here: a planner's choice cannot turn the walk into a scan per step."""
-    rows = (
-        await conn.execute(
-            sa.select(_ENTRIES.seq, _ENTRIES.parent_seq, _ENTRIES.kind).where(
-                _ENTRIES.session_id == session_id, _ENTRIES.seq <= leaf
-            )
-        )
-    ).all()
-    links = {seq: (parent, kind) for seq, parent, kind in rows}
+    The links (no payloads) are read by primary-key ranges ending where the walk is, each
+    wider than the last, and walked here: a planner's choice cannot turn the walk into a
+    scan per step. With ``to_compaction``, the walk stops below the ``first_kept_seq`` of the
+    branch's latest compaction, which it returns."""
+    links: dict[int, tuple[int | None, str]] = {}
     path: list[tuple[int, int | None, str]] = []
-    seq: int | None = leaf
-    while seq is not None and seq in links:
-        parent, kind = links[seq]
-        path.append((seq, parent, kind))
-        seq = parent if parent is not None and parent < seq else None
+    compaction: CompactionEntry | None = None
+    width = _WINDOW
+    node: int | None = leaf
+    while node is not None:
+        if node not in links:
+            rows = (
+                await conn.execute(
+                    sa.select(_ENTRIES.seq, _ENTRIES.parent_seq, _ENTRIES.kind).where(
+                        _ENTRIES.session_id == session_id,
+                        _ENTRIES.seq > node - width,
+                        _ENTRIES.seq <= node,
+                    )
+                )
+            ).all()
+            links.update((seq, (parent, kind)) for seq, parent, kind in rows)
+            width *= 4
+            if node not in links:
+                break
+        parent, kind = links[node]
+        if compaction is not None and node < compaction.first_kept_seq:
+            break
+        path.append((node, parent, kind))
+        if to_compaction and compaction is None and kind == _COMPACTION:
+            payload = await conn.scalar(
+                sa.select(_payload_text()).where(
+                    _ENTRIES.session_id == session_id, _ENTRIES.seq == node
+                )
+            )
+            compaction = _decode_compaction(session_id, node, parent, payload)
+        node = parent if parent is not None and parent < node else None
     path.reverse()
-    return path
+    return path, compaction
 
 
 async def _path_seqs(conn: AsyncConnection, session_id: str, leaf: int) -> set[int]:
-    return {seq for seq, _, _ in await _path(conn, session_id, leaf)}
+    path, _ = await _path(conn, session_id, leaf)
+    return {seq for seq, _, _ in path}
 
 
 async def _tree(conn: AsyncConnection, session_id: str) -> SessionTree:
@@ -461,19 +486,9 @@ async def _branch_view(
     version: int,
     lock: SessionLock | None,
 ) -> SessionView:
-    """The view of the branch ending at ``leaf``: its path, then its latest compaction (if
-    any), then the payloads of its messages from that compaction's ``first_kept_seq`` on."""
-    path = await _path(conn, session_id, leaf)
-    compaction: CompactionEntry | None = None
-    for seq, parent, kind in reversed(path):
-        if kind == _COMPACTION:
-            payload = await conn.scalar(
-                sa.select(_payload_text()).where(
-                    _ENTRIES.session_id == session_id, _ENTRIES.seq == seq
-                )
-            )
-            compaction = _decode_compaction(session_id, seq, parent, payload)
-            break
+    """The view of the branch ending at ``leaf``: its path down to its latest compaction's
+    ``first_kept_seq`` (if any), then the payloads of the messages on it."""
+    path, compaction = await _path(conn, session_id, leaf, to_compaction=True)
     first = compaction.first_kept_seq if compaction is not None else 1
     on_path = {seq for seq, _, kind in path if kind == _MESSAGE and seq >= first}
     rows = (
@@ -482,7 +497,7 @@ async def _branch_view(
             .where(
                 _ENTRIES.session_id == session_id,
                 _ENTRIES.kind == _MESSAGE,
-                _ENTRIES.seq.between(first, leaf),
+                _ENTRIES.seq.between(min(on_path, default=first), leaf),
             )
             .order_by(_ENTRIES.seq)
         )
