@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_plugin.agent import Agent
 from agent_plugin.cancellation import CancelToken
-from agent_plugin.errors import AgentError, ErrorKind, PrefixLocked
+from agent_plugin.errors import AgentError, ErrorKind, PrefixLocked, SessionLocked
 from agent_plugin.events import AgentEvent, OutcomeSummary
 from agent_plugin.hooks import (
     AgentHooks,
@@ -140,6 +140,7 @@ __all__ = [
     "RunStatus",
     "ScriptedModel",
     "SessionId",
+    "SessionLocked",
     "Strictest",
     "TokenUsage",
     "Tool",

@@ -15,6 +15,7 @@ __all__ = [
     "ErrorInfo",
     "ErrorKind",
     "PrefixLocked",
+    "SessionLocked",
     "SessionTaken",
     "describe",
 ]
@@ -217,6 +218,19 @@ class PrefixLocked(AgentError):
             ErrorKind.CONFLICT,
             f"{what}: the agent is locked (its prompt prefix is fixed); unlock() it first, "
             "accepting that the provider's prompt cache starts over",
+        )
+
+
+class SessionLocked(AgentError):
+    """A change to what a locked session keeps fixed (the system prompt and tools its runs
+    bring, the history up to the lock): refused, so prompt caches keep hitting. Kind
+    ``conflict``."""
+
+    def __init__(self, session_id: str, what: str) -> None:
+        super().__init__(
+            ErrorKind.CONFLICT,
+            f"{what}: session {session_id!r} is locked (its prompt prefix is fixed); unlock it "
+            "first, accepting that the provider's prompt cache starts over",
         )
 
 

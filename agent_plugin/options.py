@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent_plugin.cancellation import CancelToken
 from agent_plugin.events import AgentEvent
@@ -68,6 +68,7 @@ class AgentOverrides(BaseModel):
     * ``read_only``: the run may only call read-only and internal tools (a heartbeat tick's
       check-in), on top of the app's policy;
     * ``session``: the conversation the run belongs to (``None``: a run on its own);
+    * ``branch``: the session entry the run continues (``None``: the session's head);
     * ``followup_depth``: how many follow-up links deep the run is (a chain stops at ten);
     * ``output``: the name of an output type registered on the plugin
       (``AgentPlugin(outputs={"ticket": Ticket})``) the run must produce (``None``: text);
@@ -82,9 +83,16 @@ class AgentOverrides(BaseModel):
     memory_scope: str | None = Field(default=None, min_length=1, max_length=255)
     read_only: bool = False
     session: str | None = Field(default=None, min_length=1, max_length=255)
+    branch: int | None = Field(default=None, ge=1, exclude_if=lambda v: v is None)
     followup_depth: int = Field(default=0, ge=0)
     output: str | None = Field(default=None, pattern=OUTPUT_NAME_PATTERN)
     message_mode: MessageMode | None = None
+
+    @model_validator(mode="after")
+    def _branch_of_a_session(self) -> AgentOverrides:
+        if self.branch is not None and self.session is None:
+            raise ValueError("a branch needs a session")
+        return self
 
     @field_validator("system_prompt", "memory_scope", "session")
     @classmethod

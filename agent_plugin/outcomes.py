@@ -169,6 +169,8 @@ class RunState(_Model):
     """How many of ``messages`` were history before the run started (saved in a session)."""
     session_version: int | None = None
     """The session's version the run started from, so a resume can detect a concurrent writer."""
+    session_leaf: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The session entry the run continues (``None``: the head), where its resume saves it."""
     output: str | None = Field(default=None, exclude_if=lambda v: v is None)
     """The output type the run must produce (its label, ``Ticket``); ``None``: plain text. A
     resume checks that its agent produces the same."""

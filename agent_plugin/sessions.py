@@ -1,14 +1,15 @@
 """Sessions: conversations that outlive a run, kept as append-only entries.
 
-A session is an ordered list of entries: a :class:`MessageEntry` per message (never the system
-prompt) and a :class:`CompactionEntry` where the head was folded into a summary. Entries are
-numbered ``seq = 1, 2, ...`` and never rewritten; a session's *version* is the ``seq`` of its
-last entry, and every write names the version it expects, so a second writer is a ``CONFLICT``
-instead of an interleaving. :class:`SessionStore` is the protocol (``tests/store_conformance.py``
-is the suite every store passes), :class:`InMemorySessionStore` the in-process store.
+A session is a tree of entries (:mod:`agent_plugin.session_entries`, numbered ``seq = 1, 2,
+...`` and never rewritten); a run continues one leaf, the *head* unless it names another, and
+sends the path from there to the root. A session's *version* is the ``seq`` of its last entry,
+and every write names the version it expects, so a second writer is a ``CONFLICT`` instead of
+an interleaving. :class:`SessionStore` is the protocol (``tests/store_conformance.py`` is the
+suite every store passes), :class:`InMemorySessionStore` the in-process store.
 
 :func:`run` and :func:`resume` are the one door a run goes through, in a session or not: the
-web handle and the background worker both call them.
+web handle and the background worker both call them; :func:`fork`, :func:`branches`,
+:func:`lock` and :func:`unlock` manage a session's branches and its locked prefix.
 """
 
 from __future__ import annotations
@@ -20,30 +21,32 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import (
     TYPE_CHECKING,
-    Annotated,
     Any,
     Final,
     Generic,
-    Literal,
     Protocol,
-    TypeAlias,
     runtime_checkable,
 )
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 from typing_extensions import TypeVar
 
+from agent_plugin.branching import (
+    Branch,
+    SessionLock,
+    SessionTree,
+    prefix_fingerprint,
+    unknown_entry_error,
+)
 from agent_plugin.cancellation import RunCancelled, until_cancelled
 from agent_plugin.compaction import (
     Compaction,
     CompactionReason,
     CompactionReport,
-    summary_message,
 )
-from agent_plugin.errors import AgentError, ErrorKind, PrefixLocked
+from agent_plugin.errors import AgentError, ErrorKind, PrefixLocked, SessionLocked
 from agent_plugin.events import Compacted
 from agent_plugin.ids import new_run_id
-from agent_plugin.messages import ChatMessage, TokenUsage
+from agent_plugin.messages import ChatMessage
 from agent_plugin.options import EventSink, RunOptions
 from agent_plugin.outcomes import (
     AgentOutcome,
@@ -55,6 +58,13 @@ from agent_plugin.outcomes import (
     RunState,
 )
 from agent_plugin.providers.base import LlmClient
+from agent_plugin.session_entries import (
+    CompactionEntry,
+    MessageEntry,
+    SessionEntry,
+    SessionView,
+    session_entry_adapter,
+)
 from agent_plugin.text import unstorable
 
 if TYPE_CHECKING:
@@ -69,16 +79,21 @@ __all__ = [
     "SessionStore",
     "SessionTurn",
     "SessionView",
+    "branches",
     "check_expected_version",
+    "check_locked_run",
     "check_page",
     "check_session_id",
     "compact",
     "compact_session",
     "compaction_target_error",
     "conflict_error",
+    "fork",
+    "lock",
     "resume",
     "run",
     "session_entry_adapter",
+    "unlock",
 ]
 
 logger = logging.getLogger("agent_plugin.sessions")
@@ -87,119 +102,6 @@ T = TypeVar("T", default=str)
 
 MAX_SESSION_ID_LENGTH: Final = 255
 """Session ids are non-empty strings of at most this many characters (a database key)."""
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-# --- entries and views ---------------------------------------------------------------------
-
-
-class MessageEntry(_Model):
-    """One message of a session's transcript."""
-
-    kind: Literal["message"] = "message"
-    seq: int = Field(ge=1)
-    message: ChatMessage
-
-
-class CompactionEntry(_Model):
-    """The messages before ``first_kept_seq`` are summarised by ``summary`` from here on.
-
-    The messages themselves stay stored; only the view the model gets changes.
-    """
-
-    kind: Literal["compaction"] = "compaction"
-    seq: int = Field(ge=1)
-    summary: str
-    first_kept_seq: int = Field(ge=1)
-    tokens_before: int = Field(ge=0)
-    tokens_after: int = Field(ge=0)
-    usage: TokenUsage = Field(default_factory=TokenUsage)
-
-    @model_validator(mode="after")
-    def _keeps_an_earlier_message(self) -> CompactionEntry:
-        if self.first_kept_seq >= self.seq:
-            raise ValueError(
-                f"first_kept_seq ({self.first_kept_seq}) must come before the compaction "
-                f"entry itself (seq {self.seq})"
-            )
-        return self
-
-    def summary_message(self) -> ChatMessage:
-        return summary_message(self.summary)
-
-    def report(self, summarized_messages: int) -> CompactionReport:
-        return CompactionReport(
-            summarized_messages=summarized_messages,
-            tokens_before=self.tokens_before,
-            tokens_after=self.tokens_after,
-            usage=self.usage,
-        )
-
-
-SessionEntry: TypeAlias = Annotated[MessageEntry | CompactionEntry, Field(discriminator="kind")]
-"""An entry of a session, tagged by ``kind`` (``"message"`` or ``"compaction"``)."""
-
-session_entry_adapter: TypeAdapter[SessionEntry] = TypeAdapter(SessionEntry)
-"""``session_entry_adapter.validate_json(...)`` / ``.dump_json(...)`` for one entry."""
-
-
-class SessionView(_Model):
-    """What the model sees of a session, and the version it was read at.
-
-    Without a compaction entry, ``messages`` is the whole transcript. Otherwise it is the
-    summary message of the *latest* compaction followed by the message entries with
-    ``seq >= first_kept_seq``. ``seqs[i]`` is the seq of the entry ``messages[i]`` comes from
-    (for the summary message, the compaction entry's). An unknown session is empty, version 0.
-    """
-
-    messages: list[ChatMessage] = Field(default_factory=list)
-    seqs: list[int] = Field(default_factory=list)
-    version: int = Field(default=0, ge=0)
-
-    @model_validator(mode="after")
-    def _one_seq_per_message(self) -> SessionView:
-        if len(self.seqs) != len(self.messages):
-            raise ValueError(
-                f"a session view needs one seq per message: {len(self.messages)} messages, "
-                f"{len(self.seqs)} seqs"
-            )
-        return self
-
-    @classmethod
-    def compose(
-        cls,
-        compaction: CompactionEntry | None,
-        messages: Iterable[MessageEntry],
-        version: int,
-    ) -> SessionView:
-        """The view from the latest compaction entry (if any) and the message entries from its
-        ``first_kept_seq`` on, in seq order (earlier message entries are skipped).
-
-        This is how a database store loads a session in two indexed reads, whatever its length:
-        the latest compaction entry, then the messages with ``seq >= first_kept_seq``.
-        """
-        first = compaction.first_kept_seq if compaction is not None else 1
-        kept = [e for e in messages if e.seq >= first]
-        head_messages = [compaction.summary_message()] if compaction is not None else []
-        head_seqs = [compaction.seq] if compaction is not None else []
-        return cls(
-            messages=[*head_messages, *(e.message for e in kept)],
-            seqs=[*head_seqs, *(e.seq for e in kept)],
-            version=version,
-        )
-
-    @classmethod
-    def from_entries(cls, entries: Sequence[SessionEntry]) -> SessionView:
-        """The view of a session given all its entries in seq order."""
-        latest: CompactionEntry | None = None
-        for entry in entries:
-            if isinstance(entry, CompactionEntry):
-                latest = entry
-        messages = [e for e in entries if isinstance(e, MessageEntry)]
-        return cls.compose(latest, messages, entries[-1].seq if entries else 0)
 
 
 # --- the store protocol --------------------------------------------------------------------
@@ -221,14 +123,21 @@ class SessionStore(Protocol):
     after compaction than a short one.
     """
 
-    async def load(self, session_id: str) -> SessionView:
-        """The compacted view of the session (unknown session: empty, version 0)."""
+    async def load(self, session_id: str, *, leaf: int | None = None) -> SessionView:
+        """The compacted view of the branch ending at ``leaf`` (default: the head; unknown
+        session: empty, version 0). A ``leaf`` that names no entry is ``NOT_FOUND``."""
         ...
 
     async def append(
-        self, session_id: str, messages: Sequence[ChatMessage], *, expected_version: int
+        self,
+        session_id: str,
+        messages: Sequence[ChatMessage],
+        *,
+        expected_version: int,
+        leaf: int | None = None,
     ) -> int:
-        """Append one message entry per message after ``expected_version``."""
+        """Append one message entry per message after ``expected_version``, chained after
+        ``leaf`` (default: the head); the last one becomes the head."""
         ...
 
     async def append_compaction(
@@ -239,11 +148,14 @@ class SessionStore(Protocol):
         report: CompactionReport,
         *,
         expected_version: int,
+        leaf: int | None = None,
     ) -> int:
-        """Append a compaction entry after ``expected_version``.
+        """Append a compaction entry after ``expected_version``, chained after ``leaf``
+        (default: the head), which it becomes.
 
-        ``first_kept_seq`` must name a message entry of the session (``ErrorKind.CONFIG``
-        otherwise, nothing written); ``report`` supplies the token counts and usage.
+        ``first_kept_seq`` must name a message entry on that branch (``ErrorKind.CONFIG``
+        otherwise, nothing written); ``report`` supplies the token counts and usage. A locked
+        session refuses it (:class:`~agent_plugin.errors.SessionLocked`).
         """
         ...
 
@@ -255,6 +167,26 @@ class SessionStore(Protocol):
 
     async def delete(self, session_id: str) -> None:
         """Forget the session and all its entries (an unknown session is not an error)."""
+        ...
+
+    async def fork(self, session_id: str, at_seq: int) -> Branch:
+        """Make entry ``at_seq`` the head, so the next run starts a branch after it.
+
+        ``NOT_FOUND`` if it names no entry; a locked session refuses a fork point before the
+        lock's entry (:class:`~agent_plugin.errors.SessionLocked`). Writes no entry.
+        """
+        ...
+
+    async def branches(self, session_id: str) -> list[Branch]:
+        """One :class:`Branch` per leaf, in leaf order (unknown session: none)."""
+        ...
+
+    async def lock(self, session_id: str, fingerprint: str) -> SessionLock:
+        """Lock the session at its head: from now on its history up to there is fixed."""
+        ...
+
+    async def unlock(self, session_id: str) -> None:
+        """Lift the lock (an unlocked or unknown session is not an error)."""
         ...
 
 
@@ -324,6 +256,8 @@ class InMemorySessionStore:
         self.max_sessions = max_sessions
         self._entries: OrderedDict[str, list[SessionEntry]] = OrderedDict()
         self._latest: dict[str, CompactionEntry] = {}
+        self._heads: dict[str, int] = {}  # only for sessions with branches
+        self._locks: dict[str, SessionLock] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -340,7 +274,7 @@ class InMemorySessionStore:
         """Forget the sessions used least recently beyond ``max_sessions`` (under the lock)."""
         while self.max_sessions is not None and len(self._entries) > self.max_sessions:
             forgotten, _ = self._entries.popitem(last=False)
-            self._latest.pop(forgotten, None)
+            self._forget(forgotten)
             logger.info(
                 "in-memory session store: forgot session %r, the least recently used of more "
                 "than %d (use a database store to keep every session)",
@@ -348,21 +282,71 @@ class InMemorySessionStore:
                 self.max_sessions,
             )
 
-    async def load(self, session_id: str) -> SessionView:
+    def _forget(self, session_id: str) -> None:
+        self._latest.pop(session_id, None)
+        self._heads.pop(session_id, None)
+        self._locks.pop(session_id, None)
+
+    def _head(self, session_id: str, entries: list[SessionEntry]) -> int:
+        return self._heads.get(session_id, len(entries))
+
+    def _path(self, entries: list[SessionEntry], leaf: int) -> list[SessionEntry]:
+        """The entries from the root to ``leaf`` (seq n is ``entries[n - 1]``)."""
+        path: list[SessionEntry] = []
+        seq: int | None = leaf or None
+        while seq is not None:
+            entry = entries[seq - 1]
+            path.append(entry)
+            seq = entry.parent_seq
+        path.reverse()
+        return path
+
+    def _leaf(self, session_id: str, entries: list[SessionEntry], leaf: int | None) -> int:
+        """The leaf a call names (default: the head), checked (under the lock)."""
+        if leaf is None:
+            return self._head(session_id, entries)
+        if not 1 <= leaf <= len(entries):
+            raise unknown_entry_error(session_id, leaf)
+        return leaf
+
+    def _continues(self, session_id: str, entries: list[SessionEntry], leaf: int) -> None:
+        """Refuse to write after ``leaf`` unless it holds a locked session's fixed history."""
+        lock = self._locks.get(session_id)
+        if (
+            lock is not None
+            and lock.seq
+            and leaf != self._head(session_id, entries)
+            and all(e.seq != lock.seq for e in self._path(entries, leaf))
+        ):
+            raise SessionLocked(session_id, f"continuing entry {leaf}")
+
+    async def load(self, session_id: str, *, leaf: int | None = None) -> SessionView:
         check_session_id(session_id)
         with self._lock:
             entries = self._used(session_id)
+            lock = self._locks.get(session_id)
             if not entries:
-                return SessionView()
+                if leaf:
+                    raise unknown_entry_error(session_id, leaf)
+                return SessionView(lock=lock)
+            version = len(entries)
+            tip = self._leaf(session_id, entries, leaf)
+            if tip != version or session_id in self._heads:
+                path = self._path(entries, tip)
+                return SessionView.from_path(path, version, lock=lock)
             latest = self._latest.get(session_id)
             # seq n is entries[n - 1]: only the kept part of a long session is read
             start = latest.first_kept_seq - 1 if latest is not None else 0
             kept = [e for e in entries[start:] if isinstance(e, MessageEntry)]
-            version = len(entries)
-        return SessionView.compose(latest, kept, version)
+        return SessionView.compose(latest, kept, version, lock=lock)
 
     async def append(
-        self, session_id: str, messages: Sequence[ChatMessage], *, expected_version: int
+        self,
+        session_id: str,
+        messages: Sequence[ChatMessage],
+        *,
+        expected_version: int,
+        leaf: int | None = None,
     ) -> int:
         check_session_id(session_id)
         check_expected_version(expected_version)
@@ -371,14 +355,26 @@ class InMemorySessionStore:
             entries = self._used(session_id) or []
             if len(entries) != expected_version:
                 raise conflict_error(session_id, expected_version, len(entries))
+            after = self._leaf(session_id, entries, leaf)
+            self._continues(session_id, entries, after)
             added = [
-                MessageEntry(seq=expected_version + i, message=m)
+                MessageEntry(
+                    seq=expected_version + i,
+                    parent_seq=(expected_version + i - 1) if i > 1 else (after or None),
+                    message=m,
+                )
                 for i, m in enumerate(batch, start=1)
             ]
             if added:
+                self._moved(session_id, entries, after, added[-1].seq)
                 self._entries.setdefault(session_id, []).extend(added)
                 self._evict()
             return expected_version + len(added)
+
+    def _moved(self, session_id: str, entries: list[SessionEntry], after: int, tip: int) -> None:
+        """Record the head at ``tip``, written after ``after`` (under the lock)."""
+        if session_id in self._heads or after != len(entries):
+            self._heads[session_id] = tip  # a session with branches: its head is kept
 
     async def append_compaction(
         self,
@@ -388,6 +384,7 @@ class InMemorySessionStore:
         report: CompactionReport,
         *,
         expected_version: int,
+        leaf: int | None = None,
     ) -> int:
         check_session_id(session_id)
         check_expected_version(expected_version)
@@ -395,21 +392,25 @@ class InMemorySessionStore:
             entries = self._used(session_id) or []
             if len(entries) != expected_version:
                 raise conflict_error(session_id, expected_version, len(entries))
-            if not (
-                1 <= first_kept_seq <= len(entries)
-                and isinstance(entries[first_kept_seq - 1], MessageEntry)
-            ):
+            if session_id in self._locks:
+                raise SessionLocked(session_id, "compacting it")
+            after = self._leaf(session_id, entries, leaf)
+            on_branch = {e.seq for e in self._path(entries, after) if isinstance(e, MessageEntry)}
+            if first_kept_seq not in on_branch:
                 raise compaction_target_error(session_id, first_kept_seq)
             entry = CompactionEntry(
                 seq=expected_version + 1,
+                parent_seq=after,
                 summary=summary,
                 first_kept_seq=first_kept_seq,
                 tokens_before=report.tokens_before,
                 tokens_after=report.tokens_after,
                 usage=report.usage,
             )
+            self._moved(session_id, entries, after, entry.seq)
             entries.append(entry)
-            self._latest[session_id] = entry
+            if session_id not in self._heads:
+                self._latest[session_id] = entry
             return entry.seq
 
     async def entries(
@@ -426,7 +427,47 @@ class InMemorySessionStore:
         check_session_id(session_id)
         with self._lock:
             self._entries.pop(session_id, None)
-            self._latest.pop(session_id, None)
+            self._forget(session_id)
+
+    async def fork(self, session_id: str, at_seq: int) -> Branch:
+        check_session_id(session_id)
+        with self._lock:
+            entries = self._used(session_id) or []
+            if not 1 <= at_seq <= len(entries):
+                raise unknown_entry_error(session_id, at_seq)
+            lock = self._locks.get(session_id)
+            path = self._path(entries, at_seq)
+            if lock is not None and lock.seq and all(e.seq != lock.seq for e in path):
+                raise SessionLocked(session_id, f"forking at entry {at_seq}")
+            if at_seq != self._head(session_id, entries):
+                self._heads[session_id] = at_seq
+            tree = SessionTree(((e.seq, e.parent_seq) for e in entries), at_seq)
+        return next(b for b in tree.branches() if b.leaf == at_seq)
+
+    async def branches(self, session_id: str) -> list[Branch]:
+        check_session_id(session_id)
+        with self._lock:
+            entries = self._used(session_id) or []
+            tree = SessionTree(
+                ((e.seq, e.parent_seq) for e in entries), self._head(session_id, entries)
+            )
+        return tree.branches()
+
+    async def lock(self, session_id: str, fingerprint: str) -> SessionLock:
+        check_session_id(session_id)
+        with self._lock:
+            entries = self._used(session_id)
+            if entries is None:
+                entries = self._entries.setdefault(session_id, [])
+                self._evict()
+            lock = SessionLock(fingerprint=fingerprint, seq=self._head(session_id, entries))
+            self._locks[session_id] = lock
+        return lock
+
+    async def unlock(self, session_id: str) -> None:
+        check_session_id(session_id)
+        with self._lock:
+            self._locks.pop(session_id, None)
 
 
 # --- running in a session or not -------------------------------------------------------
@@ -449,8 +490,15 @@ async def run(
     session: str | None = None,
     store: SessionStore | None = None,
     options: RunOptions | None = None,
+    branch: int | None = None,
 ) -> AgentTurn[T]:
     """Run ``prompt`` on its own, or as the next turn of ``session`` in ``store``.
+
+    In a session the run continues the branch ending at entry ``branch`` (default: the
+    session's head) and sends exactly that branch's history; its messages are chained after
+    it and become the head. A locked session needs an agent with the system prompt and tools
+    it was locked with and a branch that holds its locked history
+    (:class:`~agent_plugin.errors.SessionLocked` otherwise), and is never compacted.
 
     In a session: load it; compact it first when the agent has ``compaction`` and the session
     is long enough (the summary call's usage is reported, not charged to the run); run the
@@ -464,9 +512,11 @@ async def run(
         return await agent.run(prompt, options=options)
     check_session_id(session)
     sessions = _store(store, session)
-    view = await sessions.load(session)
+    view = await sessions.load(session, leaf=branch)
+    if view.lock is not None:
+        check_locked_run(agent, session, view)
     report: CompactionReport | None = None
-    if agent.compaction is not None and not agent.locked:  # a locked agent's prefix holds
+    if agent.compaction is not None and not agent.locked and view.lock is None:
         if options is not None and options.on_event is not None and options.run_id is None:
             options = replace(options, run_id=new_run_id())  # named in its compaction event
         view, report = await _compacted(
@@ -487,6 +537,18 @@ async def run(
         session_version=view.version,
     )
     return await _saved(sessions, session, turn, view, compaction=report)
+
+
+def check_locked_run(agent: Agent[Any], session: str, view: SessionView) -> None:
+    """Raise :class:`~agent_plugin.errors.SessionLocked` unless ``agent`` may run on the
+    locked session's branch ``view``: same system prompt and tools, the locked history kept."""
+    lock = view.lock
+    if lock is None:
+        return
+    if prefix_fingerprint(agent.system_prompt, agent.definitions()) != lock.fingerprint:
+        raise SessionLocked(session, "running it with another system prompt or other tools")
+    if lock.seq and lock.seq not in view.seqs and view.leaf != lock.seq:
+        raise SessionLocked(session, f"running on entry {view.leaf}, before its locked history")
 
 
 async def resume(
@@ -521,8 +583,10 @@ async def resume(
         )
     turn = await agent.resume(state, decisions, options=options)
     if turn.folded is None or _paused(turn.outcome):
-        return await _saved(sessions, session, turn, SessionView(version=expected))
-    view = await sessions.load(session)  # where the folded head ends, as the run began
+        leaf = expected if state.session_leaf is None else state.session_leaf
+        return await _saved(sessions, session, turn, SessionView(version=expected, leaf=leaf))
+    began = state.session_leaf if state.session_leaf is not None else expected or None
+    view = await sessions.load(session, leaf=began)  # as the run began
     if view.version != expected:
         raise conflict_error(session, expected, view.version)
     return await _saved(sessions, session, turn, view)
@@ -566,9 +630,13 @@ async def _compacted(
         view.seqs[result.split],
         result.report,
         expected_version=view.version,
+        leaf=view.leaf,
     )
     compacted = SessionView(
-        messages=result.messages, seqs=[version, *view.seqs[result.split :]], version=version
+        messages=result.messages,
+        seqs=[version, *view.seqs[result.split :]],
+        version=version,
+        leaf=version,
     )
     if options is not None and options.on_event is not None:
         options.on_event(
@@ -598,9 +666,17 @@ async def _saved(
     compaction entry after them: the kept messages start at the view's matching seq, or at
     the turn's first message when the whole history was folded."""
     version = view.version
-    if not _paused(turn.outcome):
+    outcome = turn.outcome
+    if isinstance(outcome, AwaitingApproval | Paused):  # its resume continues the same leaf
+        leaf = view.leaf if view.leaf != view.version else None
+        outcome = outcome.model_copy(
+            update={"state": outcome.state.model_copy(update={"session_leaf": leaf})}
+        )
+    else:
         started = version
-        version = await store.append(session_id, turn.new_messages, expected_version=version)
+        version = await store.append(
+            session_id, turn.new_messages, expected_version=version, leaf=view.leaf or None
+        )
         folded = turn.folded
         if folded is not None:
             kept = folded.report.summarized_messages
@@ -610,9 +686,10 @@ async def _saved(
                 view.seqs[kept] if kept < len(view.seqs) else started + 1,
                 folded.report,
                 expected_version=version,
+                leaf=version if version != started else view.leaf or None,
             )
     return SessionTurn(
-        outcome=turn.outcome,
+        outcome=outcome,
         messages=turn.messages,
         history_length=turn.history_length,
         folded=turn.folded,
@@ -667,6 +744,8 @@ async def compact_session(
     """
     check_session_id(session_id)
     view = await store.load(session_id)
+    if view.lock is not None:
+        raise SessionLocked(session_id, "compacting it")
     _, report = await _compacted(
         model,
         store,
@@ -678,3 +757,31 @@ async def compact_session(
         reason="manual",
     )
     return report
+
+
+# --- branches and the lock -----------------------------------------------------------------
+
+
+async def fork(session: str, at_seq: int, *, store: SessionStore | None) -> Branch:
+    """Start a branch of ``session`` after entry ``at_seq``: the next run continues it (the
+    entries after it stay, on their own branch). ``NOT_FOUND`` for an unknown entry."""
+    return await _store(store, session).fork(session, at_seq)
+
+
+async def branches(session: str, *, store: SessionStore | None) -> list[Branch]:
+    """The branches of ``session``, one per leaf, the head's marked ``active``."""
+    return await _store(store, session).branches(session)
+
+
+async def lock(agent: Agent[Any], session: str, *, store: SessionStore | None) -> SessionLock:
+    """Lock ``session`` so every request its runs send starts with the same bytes: from now
+    on a run needs ``agent``'s system prompt and tools, the history up to the head stays as
+    it is (no compaction, no branch before it), and trying otherwise is a
+    :class:`~agent_plugin.errors.SessionLocked` error. Returns the lock."""
+    fingerprint = prefix_fingerprint(agent.system_prompt, agent.definitions())
+    return await _store(store, session).lock(session, fingerprint)
+
+
+async def unlock(session: str, *, store: SessionStore | None) -> None:
+    """Lift ``session``'s lock; its next request may miss the provider's cache."""
+    await _store(store, session).unlock(session)

@@ -3,8 +3,9 @@
 Appending a turn (four messages: the user's, a tool call, its result, the answer) to a session
 of 10 messages and to one of 10,000, interleaved round by round so machine noise hits both alike;
 the median of each and their ratio (target: at most 1.5×). Also the statements sent to load the
-10,000-message session, to load it after a compaction, to page its history 1,000 entries at a
-time, and to append one turn, counted with a SQLAlchemy event listener.
+10,000-message session, to load a branch of it, to load it after a compaction, to page its
+history 1,000 entries at a time, and to append one turn, counted with a SQLAlchemy event
+listener.
 
     python benchmarks/bench_sessions.py   # prints markdown tables, writes results/sessions.json
 
@@ -141,8 +142,13 @@ async def bench(database: Database) -> dict[str, Any]:
             after = page[-1].seq
 
     page_queries = await counter.measure(page_all)
+    # a branch: the last turn replaced by another, so the head's path skips it
+    await store.fork(long_session, long_version - 4)
+    long_version = await store.append(long_session, turn(1), expected_version=long_version)
+    branch_queries = await counter.measure(lambda: store.load(long_session))
+    branch_seconds = await timed(lambda: store.load(long_session))
     report = CompactionReport(summarized_messages=LONG, tokens_before=1, tokens_after=1)
-    kept = long_version - 7  # the last two turns stay, starting on a user message
+    kept = long_version - 11  # the branch's last two turns stay, starting on a user message
     await store.append_compaction(
         long_session, "summary", kept, report, expected_version=long_version
     )
@@ -161,6 +167,8 @@ async def bench(database: Database) -> dict[str, Any]:
         "load_ms_10000": load_seconds * 1000,
         "load_queries_after_compaction": compacted_queries,
         "load_ms_after_compaction": compacted_seconds * 1000,
+        "load_queries_branch": branch_queries,
+        "load_ms_branch": branch_seconds * 1000,
         "history_page_size": PAGE,
         "history_queries_10000": page_queries,
         "rounds": ROUNDS,
@@ -220,15 +228,17 @@ def main() -> None:
         )
     print("\nLoading the 10,000-message session\n")
     print(
-        "| backend | load: statements | load (ms) | after compaction: statements | (ms) "
+        "| backend | load: statements | load (ms) | a branch: statements | (ms) "
+        "| after compaction: statements | (ms) "
         f"| history in pages of {PAGE}: statements |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for backend, row in results.items():
         if "error" in row:
             continue
         print(
             f"| {backend} | {row['load_queries_10000']} | {row['load_ms_10000']:.0f} | "
+            f"{row['load_queries_branch']} | {row['load_ms_branch']:.0f} | "
             f"{row['load_queries_after_compaction']} | {row['load_ms_after_compaction']:.1f} | "
             f"{row['history_queries_10000']} |"
         )

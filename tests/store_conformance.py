@@ -19,8 +19,9 @@ import uuid
 
 import pytest
 
+from agent_plugin.branching import Branch, SessionLock
 from agent_plugin.compaction import SUMMARY_PREFIX, CompactionReport
-from agent_plugin.errors import AgentError, ErrorKind
+from agent_plugin.errors import AgentError, ErrorKind, SessionLocked
 from agent_plugin.messages import (
     ChatMessage,
     Image,
@@ -398,3 +399,145 @@ class SessionStoreContract:
         for entry in await store.entries(session):
             data = session_entry_adapter.dump_json(entry)
             assert session_entry_adapter.validate_json(data) == entry
+
+    # --- branches and the lock ---------------------------------------------------------------
+
+    async def test_op23_a_linear_session_has_one_active_branch(self, store: SessionStore) -> None:
+        sid = new_session_id()
+        assert await store.branches(sid) == []
+        await store.append(sid, numbered(3), expected_version=0)
+        assert await store.branches(sid) == [Branch(leaf=3, length=3, active=True)]
+        entries = await store.entries(sid)
+        assert [e.parent_seq for e in entries] == [None, 1, 2]
+
+    async def test_op23_a_fork_starts_a_branch_the_next_append_continues(
+        self, store: SessionStore
+    ) -> None:
+        sid = new_session_id()
+        await store.append(sid, numbered(4), expected_version=0)
+        forked = await store.fork(sid, 2)
+        assert forked == Branch(leaf=2, length=2, fork_point=2, active=True)
+        view = await store.load(sid)
+        assert (texts(view), view.seqs, view.leaf, view.version) == (["m1", "m2"], [1, 2], 2, 4)
+
+        assert await store.append(sid, numbered(2, "b"), expected_version=4) == 6
+        assert texts(await store.load(sid)) == ["m1", "m2", "b1", "b2"]
+        assert [(e.seq, e.parent_seq) for e in await store.entries(sid, after=4)] == [
+            (5, 2),
+            (6, 5),
+        ]
+        assert await store.branches(sid) == [
+            Branch(leaf=4, length=4, fork_point=2, active=False),
+            Branch(leaf=6, length=4, fork_point=2, active=True),
+        ]
+        # the first branch stays, and an append can continue it by naming its leaf
+        old = await store.load(sid, leaf=4)
+        assert (texts(old), old.leaf, old.version) == (["m1", "m2", "m3", "m4"], 4, 6)
+        assert await store.append(sid, numbered(1, "c"), expected_version=6, leaf=4) == 7
+        assert texts(await store.load(sid)) == ["m1", "m2", "m3", "m4", "c1"]
+        assert [b.leaf for b in await store.branches(sid) if b.active] == [7]
+        # a fork at the head changes nothing; a stale version still conflicts on a branch
+        assert (await store.fork(sid, 7)).active
+        with pytest.raises(AgentError) as caught:
+            await store.append(sid, numbered(1), expected_version=6, leaf=6)
+        assert caught.value.kind is ErrorKind.CONFLICT
+        await expect_conflict(store, sid, 7)
+
+    async def test_op23_three_branches_from_one_fork_point(self, store: SessionStore) -> None:
+        sid = new_session_id()
+        version = await store.append(sid, numbered(2), expected_version=0)
+        for label in ("x", "y"):
+            await store.fork(sid, 1)
+            version = await store.append(sid, numbered(1, label), expected_version=version)
+        branches = await store.branches(sid)
+        assert [(b.leaf, b.length, b.fork_point) for b in branches] == [
+            (2, 2, 1),
+            (3, 2, 1),
+            (4, 2, 1),
+        ]
+        assert [texts(await store.load(sid, leaf=b.leaf)) for b in branches] == [
+            ["m1", "m2"],
+            ["m1", "x1"],
+            ["m1", "y1"],
+        ]
+
+    async def test_op24_a_compaction_folds_only_its_own_branch(self, store: SessionStore) -> None:
+        sid = new_session_id()
+        await store.append(sid, numbered(6), expected_version=0)
+        await store.fork(sid, 4)
+        await store.append(sid, numbered(2, "b"), expected_version=6)
+        with pytest.raises(AgentError) as caught:  # m5 is not on the head's branch
+            await store.append_compaction(sid, "s", 5, report(), expected_version=8)
+        assert caught.value.kind is ErrorKind.CONFIG
+        assert await store.append_compaction(sid, "s", 3, report(), expected_version=8) == 9
+        view = await store.load(sid)
+        assert texts(view) == [f"{SUMMARY_PREFIX}s", "m3", "m4", "b1", "b2"]
+        assert (view.seqs, view.leaf) == ([9, 3, 4, 7, 8], 9)
+        assert texts(await store.load(sid, leaf=6)) == [f"m{i}" for i in range(1, 7)]
+        # a compaction of the other branch, named by its leaf
+        assert (
+            await store.append_compaction(sid, "t", 5, report(), expected_version=9, leaf=6) == 10
+        )
+        assert texts(await store.load(sid)) == [f"{SUMMARY_PREFIX}t", "m5", "m6"]
+        assert [e.parent_seq for e in await store.entries(sid, after=8)] == [8, 6]
+
+    async def test_unknown_leaves_and_fork_points_are_not_found(self, store: SessionStore) -> None:
+        sid = new_session_id()
+        for call in (store.load(sid, leaf=1), store.fork(sid, 1)):
+            with pytest.raises(AgentError) as caught:
+                await call
+            assert caught.value.kind is ErrorKind.NOT_FOUND
+        await store.append(sid, numbered(2), expected_version=0)
+        for call in (
+            store.load(sid, leaf=3),
+            store.fork(sid, 0),
+            store.append(sid, numbered(1), expected_version=2, leaf=5),
+        ):
+            with pytest.raises(AgentError) as caught:
+                await call
+            assert caught.value.kind is ErrorKind.NOT_FOUND
+        await expect_conflict(store, sid, 2)  # nothing written
+
+    async def test_ag01_a_locked_session_keeps_its_history(self, store: SessionStore) -> None:
+        sid = new_session_id()
+        await store.append(sid, numbered(4), expected_version=0)
+        lock = await store.lock(sid, "f" * 64)
+        assert lock == SessionLock(fingerprint="f" * 64, seq=4)
+        assert (await store.load(sid)).lock == lock
+        with pytest.raises(SessionLocked):
+            await store.fork(sid, 2)
+        with pytest.raises(SessionLocked):
+            await store.append_compaction(sid, "s", 3, report(), expected_version=4)
+        assert await store.append(sid, numbered(2, "b"), expected_version=4) == 6
+        assert (await store.fork(sid, 5)).leaf == 5  # after the locked history: allowed
+        assert await store.append(sid, numbered(1, "c"), expected_version=6) == 7
+        await store.unlock(sid)
+        assert (await store.load(sid)).lock is None
+        await store.fork(sid, 2)
+        assert texts(await store.load(sid)) == ["m1", "m2"]
+
+    async def test_ag01_a_branch_off_the_locked_history_cannot_be_continued(
+        self, store: SessionStore
+    ) -> None:
+        sid = new_session_id()
+        await store.append(sid, numbered(3), expected_version=0)
+        await store.fork(sid, 1)
+        await store.append(sid, numbered(1, "b"), expected_version=3)
+        await store.fork(sid, 3)
+        await store.lock(sid, "f" * 64)
+        with pytest.raises(SessionLocked):
+            await store.append(sid, numbered(1), expected_version=4, leaf=4)
+        await expect_conflict(store, sid, 4)
+
+    async def test_ag01_an_empty_session_can_be_locked_and_then_written(
+        self, store: SessionStore
+    ) -> None:
+        sid = new_session_id()
+        assert await store.lock(sid, "a" * 64) == SessionLock(fingerprint="a" * 64, seq=0)
+        view = await store.load(sid)
+        assert (view.version, view.lock) == (0, SessionLock(fingerprint="a" * 64, seq=0))
+        assert await store.append(sid, numbered(2), expected_version=0) == 2
+        assert (await store.load(sid)).lock is not None
+        await store.delete(sid)
+        assert await store.load(sid) == SessionView()
+        assert await store.branches(sid) == []

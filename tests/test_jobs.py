@@ -574,6 +574,53 @@ async def test_two_runs_for_one_session_never_interleave(
     assert [key async for key in redis_client.scan_iter(f"{env.prefix}*{session}*")] == []
 
 
+async def test_op23_a_background_run_continues_the_branch_it_names(served: Served) -> None:
+    session = f"s-{uuid.uuid4().hex}"
+    tags = []
+    for _ in range(2):
+        tag, prompt = plan(answer="ok")
+        tags.append(tag)
+        assert (await poll(served.client, await start(served, prompt, session=session)))[
+            "status"
+        ] == "complete"
+    branches = f"/agent/sessions/{session}/branches"
+    listed = await served.client.get(branches)
+    assert listed.json() == [{"leaf": 4, "length": 4, "fork_point": None, "active": True}]
+    forked = await served.client.post(branches, json={"at": 2})
+    assert forked.status_code == 201, forked.text
+    assert forked.json() == {"leaf": 2, "length": 2, "fork_point": 2, "active": True}
+
+    # the next run continues the fork; one that names the old leaf continues that one
+    tag_c, prompt_c = plan(answer="ok")
+    await poll(served.client, await start(served, prompt_c, session=session))
+    tag_d, prompt_d = plan(answer="ok")
+    await poll(served.client, await start(served, prompt_d, session=session, branch=4))
+    store = served.handle.runtime.session_store
+
+    def asked(messages: list[Any]) -> list[str]:
+        return [json.loads(m.text)["tag"] for m in messages if m.role is Role.USER]
+
+    assert asked((await store.load(session, leaf=6)).messages) == [tags[0], tag_c]
+    assert asked((await store.load(session)).messages) == [*tags, tag_d]
+    assert [b["leaf"] for b in (await served.client.get(branches)).json()] == [6, 8]
+
+    # unknown ids and bad bodies are problem details
+    for response, status in [
+        (await served.client.post(branches, json={"at": 99}), 404),
+        (await served.client.get(f"/agent/sessions/s-{uuid.uuid4().hex}/branches"), 404),
+        (await served.client.post(branches, json={"at": 0}), 422),
+        (await served.client.post(branches, json={"at": 2, "more": 1}), 422),
+        (await served.client.post("/agent/runs", json={"prompt": "x", "branch": 2}), 422),
+    ]:
+        assert response.status_code == status, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+    # a locked session refuses a branch before its lock: 409
+    await served.handle.lock(session)
+    refused = await served.client.post(branches, json={"at": 2})
+    assert refused.status_code == 409, refused.text
+    assert "is locked" in refused.json()["detail"]
+
+
 async def test_the_reject_policy_answers_409_while_the_session_is_busy(env: JobsEnv) -> None:
     session = f"r-{time.monotonic_ns()}"
     async with serve(env, AGENT_SESSION_LOCK="reject") as served:

@@ -4,6 +4,7 @@ models; they leave an application's own tables alone; the CLI runs them."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from alembic.script import ScriptDirectory
 
 from agent_plugin.__main__ import main
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.storage import Database
+from agent_plugin.messages import ChatMessage
+from agent_plugin.storage import Database, SqlSessionStore
 from agent_plugin.storage.migrations import (
     VERSION_TABLE,
     alembic_config,
@@ -85,7 +87,7 @@ async def app_data_is_intact(database: Database) -> None:
 async def test_upgrade_downgrade_upgrade(empty_database: Database) -> None:
     database = empty_database
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head == "0007"
+    assert head == "0008"
     assert await database.current_revision() is None
 
     await database.migrate()
@@ -104,6 +106,44 @@ async def test_upgrade_downgrade_upgrade(empty_database: Database) -> None:
     assert await database.current_revision() == head
     assert await model_differences(database) == []
     await app_data_is_intact(database)
+
+
+async def test_0008_sessions_written_before_branches_keep_their_history(
+    empty_database: Database,
+) -> None:
+    """Entries stored at 0006 follow each other after the upgrade; a downgrade keeps them."""
+    database = empty_database
+    await database.migrate("0006")
+    async with database.write() as conn:
+        await conn.execute(
+            sa.text(
+                "INSERT INTO agent_sessions (id, version, created_at, updated_at) "
+                "VALUES ('old', 3, '2026-01-01 00:00:00', '2026-01-01 00:00:00')"
+            )
+        )
+        for seq, text in enumerate(["q1", "a1", "q2"], start=1):
+            role = "user" if seq % 2 else "assistant"
+            payload = json.dumps({"role": role, "content": [{"text": text}]})
+            await conn.execute(
+                sa.text(
+                    "INSERT INTO agent_session_entries (session_id, seq, kind, payload, "
+                    "created_at) VALUES ('old', :seq, 'message', :payload, "
+                    "'2026-01-01 00:00:00')"
+                ),
+                {"seq": seq, "payload": payload},
+            )
+    await database.migrate()
+    store = SqlSessionStore(database)
+    assert [m.text for m in (await store.load("old")).messages] == ["q1", "a1", "q2"]
+    assert [e.parent_seq for e in await store.entries("old")] == [None, 1, 2]
+    await store.fork("old", 1)
+    assert await store.append("old", [ChatMessage.assistant("b1")], expected_version=3) == 4
+    assert [m.text for m in (await store.load("old")).messages] == ["q1", "b1"]
+
+    await database.downgrade("0006")
+    async with database.read() as conn:
+        count = await conn.scalar(sa.text("SELECT count(*) FROM agent_session_entries"))
+    assert count == 4
 
 
 async def test_the_comparison_can_see_a_difference(empty_database: Database) -> None:
@@ -203,7 +243,7 @@ def test_the_cli_migrates_in_a_new_process(tmp_path: Path) -> None:
     path = tmp_path / "cli.db"
     result = cli("--database-url", sqlite_url(path))
     assert result.returncode == 0, result.stderr
-    assert "is at revision 0007" in result.stdout
+    assert "is at revision 0008" in result.stdout
     assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
 
 
@@ -234,18 +274,18 @@ def test_the_cli_reads_the_apps_database_url_from_its_config_layers(
     )
     (tmp_path / ".env").write_text("AGENT_PROFILE=prod\n", encoding="utf-8")
     assert main(["migrate", "upgrade", "0002"]) == 0
-    assert "at revision 0002 (behind head 0007" in capsys.readouterr().out
+    assert "at revision 0002 (behind head 0008" in capsys.readouterr().out
     assert (tmp_path / "from-overlay.db").is_file()
     monkeypatch.setenv("AGENT_DATABASE_URL", f"sqlite:///{tmp_path / 'plain.db'}")  # plain works
     assert main(["migrate", "current"]) == 0
-    assert "is at base (no plugin tables); head is 0007 (database_url of the app's settings)" in (
+    assert "is at base (no plugin tables); head is 0008 (database_url of the app's settings)" in (
         capsys.readouterr().out
     )
     # --database-url beats the layers, before or after the action.
     other = sqlite_url(tmp_path / "other.db")
     assert main(["migrate", "--database-url", other]) == 0
     assert main(["migrate", "current", "--database-url", other]) == 0
-    assert "other.db is at revision 0007 (head) (--database-url)" in capsys.readouterr().out
+    assert "other.db is at revision 0008 (head) (--database-url)" in capsys.readouterr().out
 
 
 def test_a_downgrade_needs_a_revision_and_a_confirmation(
@@ -261,7 +301,7 @@ def test_a_downgrade_needs_a_revision_and_a_confirmation(
     # Not a terminal and no --yes: refused, and nothing changes.
     assert main(["migrate", "downgrade", "0003", *url], stdin=io.StringIO()) == 2
     err = capsys.readouterr().err
-    assert "undoes 0007, 0006, 0005, 0004" in err
+    assert "undoes 0008, 0007, 0006, 0005, 0004" in err
     assert "--yes" in err
     assert sqlite_tables(path) == sorted([*PLUGIN_TABLES, VERSION_TABLE])
 
@@ -297,9 +337,10 @@ def test_history_marks_the_head_and_the_current_revision(
     url = ["--database-url", sqlite_url(tmp_path / "history.db")]
     assert main(["migrate", "history", *url]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("0007 (head)  One run of a session runs at a time")
+    assert lines[0].startswith("0008 (head)  Session branches and locks: every entry")
     assert lines[-1] == "base (current)  no plugin tables"
     assert [line.split()[0] for line in lines] == [
+        "0008",
         "0007",
         "0006",
         "0005",

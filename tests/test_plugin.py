@@ -536,7 +536,7 @@ async def test_stream_sends_server_sent_events(tmp_path: Path) -> None:
 
 async def test_stream_reports_an_error_before_the_run_starts(tmp_path: Path) -> None:
     class BrokenStore(InMemorySessionStore):
-        async def load(self, session_id: str) -> Any:
+        async def load(self, session_id: str, *, leaf: int | None = None) -> Any:
             raise AgentError(ErrorKind.UNAVAILABLE, "the store is down")
 
     app = make_app(make_plugin(tmp_path, session_store=BrokenStore()))

@@ -61,6 +61,7 @@ from agent_plugin.redaction import REDACTED, redact_deep
 from agent_plugin.sessions import MessageEntry
 from agent_plugin.storage import Database, SqlMemoryStore, SqlRunStore, SqlSessionStore
 from agent_plugin.storage import runs as runs_module
+from agent_plugin.storage.migrations import revisions
 from agent_plugin.storage.models import (
     JSON_TYPE,
     Base,
@@ -1053,7 +1054,7 @@ async def test_runs_recorded_before_0002_survive_the_upgrade(at_0001: Database) 
             )
         )
     await database.migrate()
-    assert await database.current_revision() == "0007"
+    assert await database.current_revision() == revisions()[0].id  # the head
     store = SqlRunStore(database)
     record = await store.get("old")
     assert record is not None

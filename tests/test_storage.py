@@ -663,6 +663,20 @@ async def test_loading_costs_the_same_queries_at_any_length(database: Database) 
         counter.reset()
         await store.append(long, numbered(2), expected_version=601)
         assert counter.count == 2
+        # with branches: the session, the links and the messages of the branch, at any length
+        await store.fork(long, 602)
+        await store.fork(short, 2)
+        counter.reset()
+        assert len((await store.load(short)).messages) == 2
+        assert counter.count == 3
+        counter.reset()
+        view = await store.load(long)
+        assert (len(view.messages), view.leaf) == (13, 602)
+        assert counter.count == 4  # and one for the compaction on it
+        # appending after the leaf a run loaded, the head, is still two statements
+        counter.reset()
+        await store.append(long, numbered(2), expected_version=603, leaf=602)
+        assert counter.count == 2
     finally:
         counter.close()
 

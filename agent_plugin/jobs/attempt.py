@@ -774,6 +774,7 @@ class Attempt:
             session=args.overrides.session,
             store=sessions_store,
             options=options,
+            branch=args.overrides.branch,
         )
         return turn.outcome
 

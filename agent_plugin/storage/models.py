@@ -132,12 +132,20 @@ class Base(DeclarativeBase):
 
 
 class SessionRow(Base):
-    """One conversation. ``version`` is the seq of its last entry (0: none) and guards appends."""
+    """One conversation. ``version`` is the seq of its last entry (0: none) and guards appends.
+
+    ``head`` is the leaf the next run continues once the session has branches (``NULL``: none,
+    the head is the last entry); ``lock_seq`` and ``lock_fingerprint`` hold a lock's fixed
+    history and the digest of its system prompt and tools (``NULL``: not locked).
+    """
 
     __tablename__ = "agent_sessions"
 
     id: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
     version: Mapped[int] = mapped_column(sa.Integer, default=0)
+    head: Mapped[int | None] = mapped_column(sa.Integer)
+    lock_seq: Mapped[int | None] = mapped_column(sa.Integer)
+    lock_fingerprint: Mapped[str | None] = mapped_column(sa.String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -145,9 +153,10 @@ class SessionRow(Base):
 class SessionEntryRow(Base):
     """One append-only entry of a session: a message or a compaction, numbered 1, 2, 3, ...
 
-    ``payload`` is the entry's JSON without ``kind`` and ``seq`` (those are columns): a message
-    entry's payload is the message itself. The primary key ``(session_id, seq)`` is what makes
-    two concurrent writers collide instead of interleaving their messages.
+    ``payload`` is the entry's JSON without ``kind``, ``seq`` and ``parent_seq`` (those are
+    columns): a message entry's payload is the message itself. ``parent_seq`` is the entry it
+    follows (``NULL``: a root). The primary key ``(session_id, seq)`` is what makes two
+    concurrent writers collide instead of interleaving their messages.
     """
 
     __tablename__ = "agent_session_entries"
@@ -160,6 +169,7 @@ class SessionEntryRow(Base):
     )
     seq: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
     kind: Mapped[str] = mapped_column(sa.String(32))
+    parent_seq: Mapped[int | None] = mapped_column(sa.Integer)
     payload: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -16,6 +16,7 @@ from typing_extensions import TypeVar
 
 from agent_plugin import sessions
 from agent_plugin.agent import Agent
+from agent_plugin.branching import Branch, SessionLock
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.events import AgentEvent
 from agent_plugin.jobs import RunArgs, RunHandle
@@ -120,16 +121,43 @@ class AppAgent:
         scope: str | None = None,
         options: RunOptions | None = None,
         output_type: OutputType[T] | Output[T] | None = None,
+        branch: int | None = None,
     ) -> AgentTurn[T]:
-        """Continue ``session`` with ``prompt``; the turn is saved unless it paused. The
-        session keeps the final output (a typed run's final-result call) for the next turn."""
+        """Continue ``session`` with ``prompt`` (on the branch ending at entry ``branch``;
+        default: the head); the turn is saved unless it paused. The session keeps the final
+        output (a typed run's final-result call) for the next turn."""
         return await sessions.run(
             self.agent(scope, session=session, output_type=output_type),
             prompt,
             session=session,
             store=self.runtime.session_store,
             options=options,
+            branch=branch,
         )
+
+    async def branches(self, session: str) -> list[Branch]:
+        """The branches of ``session``, one per leaf; ``not_found`` for a session without
+        entries."""
+        found = await sessions.branches(session, store=self.runtime.session_store)
+        if not found:
+            raise AgentError(ErrorKind.NOT_FOUND, f"session {session!r} has no entries")
+        return found
+
+    async def fork(self, session: str, at_seq: int) -> Branch:
+        """Start a branch of ``session`` after entry ``at_seq`` (its next run continues it);
+        ``not_found`` for an unknown entry, ``conflict`` before a locked session's lock."""
+        return await sessions.fork(session, at_seq, store=self.runtime.session_store)
+
+    async def lock(self, session: str, *, scope: str | None = None) -> SessionLock:
+        """Lock ``session`` with the app's agent (of ``scope``): its runs must bring the same
+        system prompt and tools, and its history up to now stays as it is."""
+        return await sessions.lock(
+            self.agent(scope, session=session), session, store=self.runtime.session_store
+        )
+
+    async def unlock(self, session: str) -> None:
+        """Lift ``session``'s lock."""
+        await sessions.unlock(session, store=self.runtime.session_store)
 
     async def compact(self, session: str, *, force: bool = True) -> CompactionReport | None:
         """Compact ``session`` now with the app's compaction settings (the defaults without);
@@ -232,12 +260,14 @@ class AppAgent:
         idempotency_key: str | None = None,
         output: str | None = None,
         message_mode: MessageMode | None = None,
+        branch: int | None = None,
     ) -> RunHandle:
         """Queue a background run; answer its id and the path that reports its status.
 
         ``session`` and ``scope`` (the memory scope), ``system_prompt`` and ``max_steps`` set
-        the run's agent; ``output`` names a registered output type the run must produce (its
-        record's outcome then holds the output as JSON; an unknown name is ``invalid``);
+        the run's agent (``branch``: the session entry it continues; default the head);
+        ``output`` names a registered output type the run must produce (its record's outcome
+        then holds the output as JSON; an unknown name is ``invalid``);
         ``message_mode`` is the mode of a message sent to the run without one (for a
         session's runs, the session's default: see :mod:`agent_plugin.steering`);
         ``deliver`` reports how it ended to the plugin's delivery; ``delay``
@@ -262,6 +292,7 @@ class AppAgent:
                 "max_steps": max_steps,
                 "output": output,
                 "message_mode": message_mode,
+                "branch": branch,
             },
             deliver=deliver,
         )

@@ -23,10 +23,12 @@ from pydantic import (
     TypeAdapter,
     WithJsonSchema,
     create_model,
+    model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
+from agent_plugin.branching import Branch
 from agent_plugin.events import OutcomeSummary
 from agent_plugin.jobs import RunHandle
 from agent_plugin.jobs.args import RUN_ID_PATTERN
@@ -116,10 +118,35 @@ class RunRequest(BaseModel):
 
     prompt: Text = Field(min_length=1, max_length=32_000, examples=["Summarise today's tickets"])
     session: Id | None = Field(default=None, min_length=1, max_length=255)
+    branch: int | None = Field(
+        default=None,
+        ge=1,
+        description="The session entry the run continues (a branch's leaf; default: the head)",
+    )
     message_mode: MessageMode | None = Field(
         default=None,
         description="When messages sent to the run without a mode join it (default steer)",
     )
+
+    @model_validator(mode="after")
+    def _branch_of_a_session(self) -> RunRequest:
+        if self.branch is not None and self.session is None:
+            raise ValueError("a branch needs a session")
+        return self
+
+
+class ForkRequest(BaseModel):
+    """The body of ``POST {prefix}/sessions/{session}/branches``: where the branch starts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    at: int = Field(ge=1, description="The entry the new branch follows", examples=[2])
+
+
+SessionPath = Annotated[
+    Id, Path(min_length=1, max_length=255, description="The session's id, as runs named it")
+]
+"""A session id in a path."""
 
 
 class SteeringRequest(BaseModel):
@@ -166,6 +193,8 @@ def agent_router(
     """The agent routes under ``prefix``, all behind ``dependencies``.
 
     * ``GET {prefix}/tools``: the tools the agent offers the model.
+    * ``GET {prefix}/sessions/{session}/branches``: the session's branches (404: no entries);
+      ``POST`` with ``{"at"}`` starts one after that entry (201; 404 for an unknown entry).
 
     With ``background`` (background runs on):
 
@@ -174,8 +203,8 @@ def agent_router(
     * ``GET {prefix}/runs/{run_id}``: the run's record; 404 for an unknown id.
     * ``POST {prefix}/runs/{run_id}/decisions``: decisions for a paused run's calls; 202 with
       the run's handle, the resume queued; 409 when not accepted.
-    * ``POST {prefix}/runs`` (``runs_route``): ``{"prompt", "session"?, "output"?}`` starts a
-      run (``output`` names one of ``outputs``); 202.
+    * ``POST {prefix}/runs`` (``runs_route``): ``{"prompt", "session"?, "branch"?, "output"?}``
+      starts a run (``output`` names one of ``outputs``); 202.
     * ``GET {prefix}/runs/{run_id}/events``: the run's events as Server-Sent Events, after
       ``Last-Event-ID`` (header, or the ``last_event_id`` query parameter); ``?follow=true``
       goes on through pauses; 204 when the client has seen the end already.
@@ -205,6 +234,7 @@ def agent_router(
     async def list_tools(agent: AgentHandle) -> list[ToolInfo]:
         return [ToolInfo.of(t) for t in agent.agent().tools]
 
+    _add_session_routes(router)
     if background:
         _add_run_routes(router, runs_route=runs_route, outputs=outputs or {})
         _add_live_routes(router, console=console, prefix=prefix)
@@ -270,6 +300,27 @@ def _typed_models(
         ),
     )
     return record, page, request
+
+
+def _add_session_routes(router: APIRouter) -> None:
+    @router.get(
+        "/sessions/{session}/branches",
+        response_model=list[Branch],
+        summary="A session's branches, one per leaf; the head's is active",
+        responses=problem_responses(404, 422, 503),
+    )
+    async def list_branches(session: SessionPath, agent: AgentHandle) -> Any:
+        return await agent.branches(session)
+
+    @router.post(
+        "/sessions/{session}/branches",
+        status_code=201,
+        response_model=Branch,
+        summary="Start a branch after an entry: the session's next run continues it",
+        responses=problem_responses(404, 409, 413, 422, 503),
+    )
+    async def fork_session(session: SessionPath, body: ForkRequest, agent: AgentHandle) -> Any:
+        return await agent.fork(session, body.at)
 
 
 def _add_run_routes(
@@ -346,6 +397,7 @@ def _add_run_routes(
             handle = await agent.enqueue(
                 body.prompt,
                 session=body.session,
+                branch=body.branch,
                 output=getattr(body, "output", None),
                 message_mode=body.message_mode,
                 idempotency_key=idempotency_key,
