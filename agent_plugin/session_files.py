@@ -28,6 +28,7 @@ from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.messages import ChatMessage
 
 __all__ = [
+    "BRANCH_SUMMARY_PREFIX",
     "FORMAT_VERSION",
     "BranchSummaryLine",
     "CompactionLine",
@@ -40,6 +41,7 @@ __all__ = [
     "ModelChangeLine",
     "Recovery",
     "RecoveryStatus",
+    "SessionContext",
     "SessionFile",
     "SessionFileWriter",
     "SessionHeader",
@@ -50,6 +52,8 @@ __all__ = [
 ]
 
 FORMAT_VERSION: Final = 1
+
+BRANCH_SUMMARY_PREFIX: Final = "[Summary of another branch of this conversation]\n"
 
 
 def _now() -> str:
@@ -128,8 +132,13 @@ class LabelLine(_Entry):
 
 
 class BranchSummaryLine(_Entry):
+    """What another branch from ``parent_id`` did; it follows that entry in the model's context."""
+
     type: Literal["branch_summary"] = "branch_summary"
     summary: str
+
+    def message(self) -> ChatMessage:
+        return ChatMessage.user(BRANCH_SUMMARY_PREFIX + self.summary)
 
 
 FileEntry: TypeAlias = Annotated[
@@ -232,6 +241,7 @@ class Diagnostic(_Line):
         "session_corrupt_entries",
         "session_corrupt_with_truncation",
         "session_unknown_entries",
+        "session_context_missing_parent",
     ]
     count: int = Field(ge=1)
 
@@ -283,37 +293,109 @@ class SessionFile(_Line):
     @property
     def content_tip(self) -> str | None:
         """The active tip: the last ``leaf`` entry's target if it names a content entry, else
-        the last content entry (metadata never advances it); ``None`` without content."""
-        content = [e.id for e in self.entries if isinstance(e, _CONTENT)]
+        the trunk's tip (from the first root, by id, down single-child links to a fork point
+        or an end; metadata never advances it); ``None`` without content."""
+        content = {e.id: e for e in self.entries if isinstance(e, _CONTENT)}
         leaves = [e.entry_id for e in self.entries if isinstance(e, LeafLine)]
         if leaves and leaves[-1] in content:
             return leaves[-1]
-        return content[-1] if content else None
+        if not content:
+            return None
+        children: dict[str, list[str]] = {}
+        for entry in content.values():
+            if entry.parent_id in content:
+                children.setdefault(entry.parent_id, []).append(entry.id)
+        roots = sorted(i for i, e in content.items() if e.parent_id not in content)
+        tip = roots[0] if roots else min(content)  # no root: links loop, any node is a branch
+        seen = {tip}
+        while len(below := children.get(tip, [])) == 1 and below[0] not in seen:
+            tip = below[0]
+            seen.add(tip)
+        return tip
 
     def messages(self) -> list[ChatMessage]:
-        """The active branch's messages, root first: a compaction drops the messages before
-        its ``first_kept_entry_id`` and puts its summary first."""
+        """The active branch's messages, root first (:meth:`context`'s ``messages``)."""
+        return self.context().messages
+
+    def context(self) -> SessionContext:
+        """What the active branch says, root first: its messages (a compaction drops those
+        before its ``first_kept_entry_id`` and puts its summary first; a branch summary follows
+        the entry it hangs from) and the metadata hung on its entries (the latest wins; labels
+        added and removed in file order). Metadata of sibling branches is ignored."""
         by_id = {e.id: e for e in self.entries if isinstance(e, _CONTENT)}
         chain: list[MessageLine | CompactionLine] = []
         seen: set[str] = set()
+        missing = 0
         node = by_id.get(self.content_tip or "")
         while node is not None and node.id not in seen:  # a cycle ends the walk
             seen.add(node.id)
             chain.append(node)
-            node = by_id.get(node.parent_id or "")
+            parent = node.parent_id
+            node = by_id.get(parent or "")
+            missing += parent is not None and node is None
         chain.reverse()
+        summaries: dict[str, list[ChatMessage]] = {}
+        for entry in self.entries:
+            if isinstance(entry, BranchSummaryLine) and entry.parent_id in seen:
+                summaries.setdefault(entry.parent_id, []).append(entry.message())
         kept: list[tuple[str, ChatMessage]] = []
         summary: ChatMessage | None = None
         for entry in chain:
             if isinstance(entry, MessageLine):
                 kept.append((entry.id, entry.message))
-                continue
-            ids = [entry_id for entry_id, _ in kept]
-            if entry.first_kept_entry_id in ids:
-                kept = kept[ids.index(entry.first_kept_entry_id) :]
-            summary = summary_message(entry.summary)
+            else:
+                ids = [entry_id for entry_id, _ in kept]
+                if entry.first_kept_entry_id in ids:
+                    kept = kept[ids.index(entry.first_kept_entry_id) :]
+                summary = summary_message(entry.summary)
+            kept += [(entry.id, message) for message in summaries.get(entry.id, ())]
         messages = [message for _, message in kept]
-        return [summary, *messages] if summary is not None else messages
+        context = SessionContext(
+            messages=[summary, *messages] if summary is not None else messages,
+            active_tip=chain[-1].id if chain else None,
+            diagnostics=[
+                *self.diagnostics,
+                *(
+                    [Diagnostic(code="session_context_missing_parent", count=missing)]
+                    if missing
+                    else []
+                ),
+            ],
+        )
+        return context.with_metadata([e for e in self.entries if e.parent_id in seen])
+
+
+class SessionContext(_Line):
+    """A session file's active branch as :meth:`SessionFile.context` reads it."""
+
+    messages: list[ChatMessage]
+    active_tip: str | None
+    model: str | None = None
+    thinking_level: Literal["none", "low", "medium", "high"] | None = None
+    session_name: str | None = None
+    labels: list[str] = Field(default_factory=list)
+    extension_state: JsonValue = None
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+
+    def with_metadata(self, entries: Sequence[FileEntry]) -> SessionContext:
+        """This context with the metadata of ``entries`` (those hung on its branch), in order."""
+        found: dict[str, object] = {}
+        labels: list[str] = []
+        for entry in entries:
+            if isinstance(entry, ModelChangeLine):
+                found["model"] = entry.model
+            elif isinstance(entry, ThinkingLevelChangeLine):
+                found["thinking_level"] = entry.level
+            elif isinstance(entry, SessionInfoLine):
+                found["session_name"] = entry.name
+            elif isinstance(entry, ExtensionStateLine):
+                found["extension_state"] = entry.state
+            elif isinstance(entry, LabelLine):
+                if entry.action == "add" and entry.label not in labels:
+                    labels.append(entry.label)
+                elif entry.action == "remove" and entry.label in labels:
+                    labels.remove(entry.label)
+        return self.model_copy(update={**found, "labels": labels})
 
 
 def read_session_file(path: str | Path) -> SessionFile:

@@ -12,6 +12,7 @@ from agent_plugin.compaction import SUMMARY_PREFIX
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.messages import ChatMessage
 from agent_plugin.session_files import (
+    BRANCH_SUMMARY_PREFIX,
     BranchSummaryLine,
     CompactionLine,
     Diagnostic,
@@ -176,7 +177,8 @@ def test_op22_unknown_entry_types_are_skipped_and_metadata_keeps_the_tip(
         Diagnostic(code="session_unknown_entries", count=1),
     ]
     assert read.content_tip == "b"
-    assert [m.text for m in read.messages()] == ["q1", "q2"]
+    # of the metadata, only the branch summary enters the model's context
+    assert [m.text for m in read.messages()] == ["q1", "q2", f"{BRANCH_SUMMARY_PREFIX}tried x"]
 
 
 def test_a_leaf_entry_picks_the_branch_and_a_compaction_folds_its_head(tmp_path: Path) -> None:
@@ -188,12 +190,12 @@ def test_a_leaf_entry_picks_the_branch_and_a_compaction_folds_its_head(tmp_path:
         message("d", "a", "other"),
     ]
     write_entries(path, HEADER, entries)
-    assert read_session_file(path).content_tip == "d"  # no leaf: the last content entry
+    assert read_session_file(path).content_tip == "a"  # no leaf: the trunk's tip (a forks)
     with SessionFileWriter.open(path) as writer:
         writer.append(LeafLine(id="l1", parent_id="d", entry_id="c"))
         writer.append(LeafLine(id="l2", parent_id="c", entry_id="missing"))
     read = read_session_file(path)
-    assert read.content_tip == "d"  # the last leaf names nothing: it falls back
+    assert read.content_tip == "a"  # the last leaf names nothing: back to the trunk's tip
     with SessionFileWriter.open(path) as writer:
         writer.append(LeafLine(id="l3", parent_id="d", entry_id="c"))
         writer.append(
@@ -216,3 +218,62 @@ def test_a_leaf_entry_picks_the_branch_and_a_compaction_folds_its_head(tmp_path:
         "q2",
         "q3",
     ]
+
+
+def test_op24_the_context_of_the_active_branch_and_its_metadata(tmp_path: Path) -> None:
+    """Root to tip: a compaction keeps from its first kept entry with its summary first, a
+    branch summary follows the entry it hangs from, metadata of the branch applies (the latest
+    wins, labels add and remove in order) and a sibling branch's metadata is ignored."""
+    path = tmp_path / "s.jsonl"
+    write_entries(
+        path,
+        HEADER,
+        [
+            message("a", None, "q1"),
+            message("b", "a", "q2"),
+            BranchSummaryLine(id="bs", parent_id="b", summary="tried x"),
+            ModelChangeLine(id="m1", parent_id="b", model="openai:gpt-4o"),
+            LabelLine(id="l1", parent_id="b", label="keep", action="add"),
+            LabelLine(id="l2", parent_id="b", label="urgent", action="add"),
+            message("c", "b", "q3"),
+            CompactionLine(
+                id="k",
+                parent_id="c",
+                summary="S",
+                first_kept_entry_id="b",
+                tokens_before=9,
+                tokens_after=3,
+            ),
+            message("d", "k", "q4"),
+            ModelChangeLine(id="m2", parent_id="d", model="anthropic:claude-sonnet-4-5"),
+            ThinkingLevelChangeLine(id="t1", parent_id="d", level="high"),
+            LabelLine(id="l3", parent_id="d", label="keep", action="remove"),
+            SessionInfoLine(id="n1", parent_id="d", name="triage"),
+            ExtensionStateLine(id="e1", parent_id="d", state={"step": 2}),
+            message("s", "a", "sibling"),  # another branch from a: its metadata is not ours
+            ModelChangeLine(id="m3", parent_id="s", model="openai:gpt-4o-mini"),
+            SessionInfoLine(id="n2", parent_id="s", name="other"),
+            LeafLine(id="leaf", parent_id="s", entry_id="d"),
+        ],
+    )
+    context = read_session_file(path).context()
+    assert context.active_tip == "d"
+    assert [m.text for m in context.messages] == [
+        f"{SUMMARY_PREFIX}S",
+        "q2",
+        f"{BRANCH_SUMMARY_PREFIX}tried x",
+        "q3",
+        "q4",
+    ]
+    assert (context.model, context.thinking_level) == ("anthropic:claude-sonnet-4-5", "high")
+    assert (context.session_name, context.extension_state) == ("triage", {"step": 2})
+    assert context.labels == ["urgent"]
+    assert context.diagnostics == []
+
+
+def test_op24_a_missing_parent_is_a_diagnostic(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    write_entries(path, HEADER, [message("b", "gone", "q2"), message("c", "b", "q3")])
+    context = read_session_file(path).context()
+    assert [m.text for m in context.messages] == ["q2", "q3"]
+    assert context.diagnostics == [Diagnostic(code="session_context_missing_parent", count=1)]
