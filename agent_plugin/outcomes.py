@@ -171,6 +171,9 @@ class RunState(_Model):
     """The session's version the run started from, so a resume can detect a concurrent writer."""
     session_leaf: int | None = Field(default=None, exclude_if=lambda v: v is None)
     """The session entry the run continues (``None``: the head), where its resume saves it."""
+    session_lock: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The prefix fingerprint of the session's lock when the run paused (``None``: unlocked):
+    a resume must bring the same system prompt and tools."""
     output: str | None = Field(default=None, exclude_if=lambda v: v is None)
     """The output type the run must produce (its label, ``Ticket``); ``None``: plain text. A
     resume checks that its agent produces the same."""

@@ -566,11 +566,19 @@ async def resume(
     raises ``CONFLICT`` before any approved tool runs. If the session already holds exactly the
     turn's new messages (a worker saved the turn and stopped before recording the run's end),
     the run's outcome is answered without saving again. A run that pauses again saves nothing.
+    A run paused in a locked session resumes only with the system prompt and tools it was
+    locked with (:class:`~agent_plugin.errors.SessionLocked` otherwise, before any tool runs).
     """
     session, expected = state.session_id, state.session_version
     if session is None or expected is None:
         return await agent.resume(state, decisions, options=options)
     sessions = _store(store, session)
+    locked = state.session_lock
+    if (
+        locked is not None
+        and prefix_fingerprint(agent.system_prompt, agent.definitions()) != locked
+    ):
+        raise SessionLocked(session, "resuming it with another system prompt or other tools")
     mine = state.messages[state.history_length :]
     newer = await sessions.entries(session, after=expected, limit=len(mine) + 1)
     if newer and mine and [e.message for e in newer if isinstance(e, MessageEntry)] == mine:
@@ -669,9 +677,9 @@ async def _saved(
     outcome = turn.outcome
     if isinstance(outcome, AwaitingApproval | Paused):  # its resume continues the same leaf
         leaf = view.leaf if view.leaf != view.version else None
-        outcome = outcome.model_copy(
-            update={"state": outcome.state.model_copy(update={"session_leaf": leaf})}
-        )
+        lock = None if view.lock is None else view.lock.fingerprint
+        where = {"session_leaf": leaf, "session_lock": lock}
+        outcome = outcome.model_copy(update={"state": outcome.state.model_copy(update=where)})
     else:
         started = version
         version = await store.append(

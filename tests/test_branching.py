@@ -220,6 +220,27 @@ async def test_ag01_a_locked_session_refuses_another_prompt_or_other_tools(
     assert texts(model.requests[-1].messages) == ["q1", "a1", "q4"]
 
 
+async def test_ag01_a_run_paused_in_a_locked_session_resumes_with_its_prefix_only(
+    store: SessionStore,
+) -> None:
+    model = ScriptedModel(["a1", "a2", tool_call("act", {}, id="c1"), "done"])
+    agent = Agent(model, tools=[ACT], policy=ToolRules.ask_before_acting())
+    await two_turns(agent, store)
+    lock = await sessions.lock(agent, "s", store=store)
+    paused = await sessions.run(agent, "act", session="s", store=store)
+    assert isinstance(paused.outcome, AwaitingApproval)
+    state = RunState.model_validate_json(paused.outcome.state.model_dump_json())
+    assert state.session_lock == lock.fingerprint
+    approve = [ApprovalDecision(call_id="c1", approval=Approve())]
+    other = Agent(model, tools=[ACT, LOOK], policy=ToolRules.ask_before_acting())
+    with pytest.raises(SessionLocked) as caught:
+        await sessions.resume(other, state, approve, store=store)
+    assert "resuming it with another system prompt or other tools" in str(caught.value)
+    assert len(model.requests) == 3  # refused before the approved call or a request
+    done = await sessions.resume(agent, state, approve, store=store)
+    assert isinstance(done.outcome, Completed)
+
+
 async def test_ag01_a_locked_session_keeps_its_history(store: SessionStore) -> None:
     model = ScriptedModel(["a1", "a2", "a3", "Summary.", "a4"])
     agent = Agent(model, compaction=Compaction(trigger_tokens=1, keep_recent_tokens=12))
