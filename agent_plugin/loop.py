@@ -230,7 +230,9 @@ class RunLoop:
         self.emit = options.on_event
         self.streaming = options.stream
         self.hooks = agent.hook_set
-        self.compaction = options.compaction or agent.compaction
+        self.compaction = (
+            None if options.compaction is False else options.compaction or agent.compaction
+        )
         self.turn_settings = turn_settings
         self.plan = TurnPlan()
         """The system prompt and the tools offered under :attr:`turn_settings`."""

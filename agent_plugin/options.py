@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeAlias
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -48,7 +48,8 @@ class RunOptions:
     * ``stream``: call the model through ``LlmClient.stream`` (text arrives as deltas);
     * ``journal``: a :class:`~agent_plugin.journal.RunJournal` that checkpoints each step;
     * ``compaction``: how to fold the history when the model says the context is too long
-      (default: the agent's ``compaction``; with neither, the error is raised).
+      (default: the agent's ``compaction``; with neither, or ``False``, the error is raised:
+      a locked session's runs never fold its history).
     """
 
     run_id: str | None = None
@@ -57,7 +58,7 @@ class RunOptions:
     on_event: EventSink | None = None
     stream: bool = False
     journal: RunJournal | None = None
-    compaction: Compaction | None = None
+    compaction: Compaction | Literal[False] | None = None
 
 
 class AgentOverrides(BaseModel):

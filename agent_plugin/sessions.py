@@ -515,6 +515,7 @@ async def run(
     view = await sessions.load(session, leaf=branch)
     if view.lock is not None:
         check_locked_run(agent, session, view)
+        options = replace(options or RunOptions(), compaction=False)  # nor on an overflow
     report: CompactionReport | None = None
     if agent.compaction is not None and not agent.locked and view.lock is None:
         if options is not None and options.on_event is not None and options.run_id is None:
@@ -579,6 +580,8 @@ async def resume(
         and prefix_fingerprint(agent.system_prompt, agent.definitions()) != locked
     ):
         raise SessionLocked(session, "resuming it with another system prompt or other tools")
+    if locked is not None:
+        options = replace(options or RunOptions(), compaction=False)
     mine = state.messages[state.history_length :]
     newer = await sessions.entries(session, after=expected, limit=len(mine) + 1)
     if newer and mine and [e.message for e in newer if isinstance(e, MessageEntry)] == mine:

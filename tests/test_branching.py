@@ -241,6 +241,24 @@ async def test_ag01_a_run_paused_in_a_locked_session_resumes_with_its_prefix_onl
     assert isinstance(done.outcome, Completed)
 
 
+async def test_ag01_an_overflow_in_a_locked_session_is_the_error_not_a_fold(
+    store: SessionStore,
+) -> None:
+    # the agent may compact, the session may not: the context error is raised, no summary
+    # call is made, and the session keeps exactly what it had
+    model = ScriptedModel(["a1", "a2", AgentError(ErrorKind.CONTEXT_TOO_LONG, "too long")])
+    agent = Agent(model, compaction=Compaction(trigger_tokens=10_000, keep_recent_tokens=12))
+    await two_turns(agent, store)
+    await sessions.lock(agent, "s", store=store)
+    before = await store.load("s")
+    with pytest.raises(AgentError) as caught:
+        await sessions.run(agent, "q3", session="s", store=store)
+    assert caught.value.kind is ErrorKind.CONTEXT_TOO_LONG
+    assert len(model.requests) == 3  # no summary request after the overflow
+    after = await store.load("s")
+    assert (after.version, texts(after.messages)) == (before.version, texts(before.messages))
+
+
 async def test_ag01_a_locked_session_keeps_its_history(store: SessionStore) -> None:
     model = ScriptedModel(["a1", "a2", "a3", "Summary.", "a4"])
     agent = Agent(model, compaction=Compaction(trigger_tokens=1, keep_recent_tokens=12))
