@@ -128,6 +128,10 @@ def make_app(plugin: AgentPlugin | None, **install: Any) -> FastAPI:
     async def stream(body: Prompt, agent: AgentHandle) -> Any:
         return agent.stream(body.prompt)
 
+    @app.post("/stream/{session}")
+    async def stream_in(session: str, body: Prompt, agent: AgentHandle, branch: int) -> Any:
+        return agent.stream(body.prompt, session=session, branch=branch)
+
     @app.get("/fail/{kind}")
     async def fail(kind: ErrorKind, retry_after: float | None = None) -> None:
         raise AgentError(kind, f"{kind.value} went wrong", provider="p", retry_after=retry_after)
@@ -532,6 +536,18 @@ async def test_stream_sends_server_sent_events(tmp_path: Path) -> None:
     assert "tool_end" in events
     assert "text_delta" in events
     assert all(json.loads(f["data"])["type"] == f["event"] for f in frames)
+
+
+async def test_stream_continues_the_session_branch_it_names(tmp_path: Path) -> None:
+    model = TrackedModel("a1", "a2", "b2")
+    plugin = make_plugin(tmp_path, model=model)
+    async with serve(make_app(plugin)) as client:
+        for text in ("q1", "q2"):
+            await client.post("/chat/s", json={"prompt": text})
+        response = await client.post("/stream/s?branch=2", json={"prompt": "other q2"})
+    assert sse_frames(response.text)[-1]["event"] == "run_end"
+    sent = [m.text for m in model.requests[-1].messages if m.role.value != "system"]
+    assert sent == ["q1", "a1", "other q2"]  # the branch after entry 2, not the head's path
 
 
 async def test_stream_reports_an_error_before_the_run_starts(tmp_path: Path) -> None:

@@ -193,8 +193,10 @@ class AppAgent:
         scope: str | None = None,
         on_disconnect: DisconnectPolicy = "cancel",
         output_type: OutputType[Any] | Output[Any] | None = None,
+        branch: int | None = None,
     ) -> StreamingResponse:
-        """Run a task (in ``session``, if given) and stream its events as Server-Sent Events.
+        """Run a task (in ``session``, if given, on the branch ending at entry ``branch``:
+        default its head) and stream its events as Server-Sent Events.
 
         Each event is one SSE message: ``id`` (1, 2, ...), ``event`` (the event's ``type``) and
         ``data`` (its JSON, redacted like every event that leaves the process); the last is
@@ -209,7 +211,9 @@ class AppAgent:
 
         async def work() -> None:
             options = RunOptions(on_event=queue.put_nowait, stream=True)
-            await sessions.run(agent, prompt, session=session, store=store, options=options)
+            await sessions.run(
+                agent, prompt, session=session, store=store, options=options, branch=branch
+            )
 
         def finished(task: asyncio.Task[None]) -> None:
             error = None if task.cancelled() else task.exception()
