@@ -95,9 +95,31 @@ schema = schemathesis.pytest.from_fixture("demo_schema")
     suppress_health_check=list(HealthCheck),
 )
 def test_the_agent_routes_hold_their_schema(case: Any) -> None:
-    # A cursor is opaque: one the fuzzer made up fits the schema, and is rightly refused.
-    made_up_cursor = bool((case.query or {}).get("cursor"))
-    case.call_and_validate(excluded_checks=[positive_data_acceptance] if made_up_cursor else [])
+    refused_rightly = (
+        # a cursor is opaque: one the fuzzer made up fits the schema, and is rightly refused
+        bool((case.query or {}).get("cursor"))
+        # schemathesis does not keep a string parameter's pattern: it sends NULs (1 case in
+        # about 500) to ids whose schema says ^[^\u0000\ud800-\udfff]*$
+        or any(unstorable(value) for value in _values(case))
+        # a branch names an entry of a session: without one, the body is rightly refused
+        or (
+            isinstance(case.body, dict)
+            and case.body.get("branch") is not None
+            and case.body.get("session") is None
+        )
+    )
+    case.call_and_validate(excluded_checks=[positive_data_acceptance] if refused_rightly else [])
+
+
+def _values(case: Any) -> list[object]:
+    """The ids a case names (free text with a NUL is accepted, as U+FFFD: it stays checked)."""
+    body = case.body if isinstance(case.body, dict) else {}
+    ids = [*(case.query or {}).values(), *(case.path_parameters or {}).values()]
+    return [*ids, body.get("session")]
+
+
+def unstorable(value: object) -> bool:
+    return isinstance(value, str) and any(c == "\x00" or "\ud800" <= c <= "\udfff" for c in value)
 
 
 def test_the_fuzzed_app_is_the_demo(demo_url: str) -> None:
@@ -110,5 +132,6 @@ def test_the_fuzzed_app_is_the_demo(demo_url: str) -> None:
         "/agent/runs/{run_id}/decisions",
         "/agent/runs/{run_id}/events",
         "/agent/runs/{run_id}/messages",
+        "/agent/sessions/{session}/branches",
         "/agent/tools",
     ]

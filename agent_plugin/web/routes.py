@@ -317,7 +317,7 @@ def _add_session_routes(router: APIRouter) -> None:
         status_code=201,
         response_model=Branch,
         summary="Start a branch after an entry: the session's next run continues it",
-        responses=problem_responses(404, 409, 413, 422, 503),
+        responses=problem_responses(400, 404, 409, 413, 422, 503),
     )
     async def fork_session(session: SessionPath, body: ForkRequest, agent: AgentHandle) -> Any:
         return await agent.fork(session, body.at)
