@@ -371,6 +371,9 @@ class StreamAssembler:
         block = self._blocks.get(index)
         if block is None:
             raise _decode(f"anthropic sent a delta for block {index} before its start")
+        if index != (latest := next(reversed(self._blocks))):
+            # blocks stream one at a time: a late delta would show text out of its place
+            raise _decode(f"anthropic sent a delta for block {index} after block {latest} began")
         delta = payload.get("delta")
         if not isinstance(delta, dict):
             raise _decode("anthropic content_block_delta has no delta")

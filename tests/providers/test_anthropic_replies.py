@@ -285,6 +285,17 @@ async def test_invalid_json_in_a_stream_is_a_decode_error() -> None:
     assert caught.value.kind is ErrorKind.DECODE
 
 
+async def test_a_delta_for_a_block_before_the_latest_is_a_decode_error() -> None:
+    """Blocks stream one at a time: a delta of block 0 after block 1 began would show its text
+    out of its place (the garbled-recordings fuzz found one, two lines swapped)."""
+    second = {**TEXT_START, "index": 1}
+    late = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}
+    with pytest.raises(AgentError) as caught:
+        await stream_of(sse(MESSAGE_START, TEXT_START, second, late, MESSAGE_STOP))
+    assert caught.value.kind is ErrorKind.DECODE
+    assert "delta for block 0 after block 1 began" in str(caught.value)
+
+
 DEEP = "[" * 100_000  # json.loads raises RecursionError on this, not ValueError
 
 
