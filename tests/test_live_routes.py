@@ -520,6 +520,7 @@ async def test_an_end_published_just_after_the_record_says_ended_is_the_only_end
     assert status == 200
     assert len(looks) >= 2
     assert [frame["event"] for frame in seen].count("run_end") == 1
+    await asyncio.gather(*tasks)  # the reader may have the event before the publisher its reply
     assert late
     assert seen[-1]["id"] == late[0]  # the published one, not one built from the record
     assert seen[-1]["data"] == json.loads(fields[b"data"])
