@@ -35,6 +35,7 @@ __all__ = [
     "RedactingFilter",
     "looks_secret",
     "mask_url",
+    "needs_no_redaction",
     "redact",
     "redact_deep",
     "redact_logs",
@@ -110,6 +111,10 @@ class _KnownSecrets:
         for value in self._counts:
             forms |= _written_forms(value)
         self._forms = tuple(sorted(forms, key=len, reverse=True))
+
+    def found_in(self, text: str) -> bool:
+        """Whether any known form occurs in ``text``."""
+        return any(form in text for form in self._forms)
 
     def redact(self, text: str) -> str:
         """``text`` with every run of characters that belong to a known form replaced."""
@@ -372,6 +377,41 @@ def _walk(value: object, *, json_in_strings: bool) -> JsonValue:
                 stack.append((child, copy, name, depth + 1))
     result: JsonValue = top[0]
     return result
+
+
+def needs_no_redaction(document: str) -> bool:
+    """Whether :func:`redact_deep` certainly leaves every value of the JSON ``document``
+    as it is, so the document may be published as written; False means "clean it".
+
+    A cheap look at the whole text, never a parse: a document with a backslash (an escaped
+    string: JSON inside a string, a quote, a control character) or deeply nested is always
+    cleaned. Otherwise every key and string stands in the text as it is, so each rule of the
+    walk can be asked of the whole text at once, more strictly than of one string: a known
+    secret anywhere, a credential pattern or a ``name: value`` assignment anywhere, or a key
+    whose name ends like a secret's, all mean "clean it".
+    """
+    if "\\" in document or document.count("{") + document.count("[") >= MAX_DEPTH:
+        return False
+    if _KNOWN.found_in(document):
+        return False
+    if _may_hold_pattern(document) and _SECRET_PATTERN.search(document):
+        return False
+    folded = document.casefold()  # as in _may_hold_assignment: every letter the rules match
+    if "ı" in folded:  # ignoring case is then its ASCII letter (and "ı" an "i")
+        folded = folded.replace("ı", "i")
+    if _ASSIGNMENT.search(folded):
+        return False
+    names = folded.replace("-", "").replace("_", "")
+    return all(end not in names for end in _SECRET_NAME_ENDS)
+
+
+_ASSIGNMENT: Final = re.compile(
+    r"(?:passw(?:or)?d|secret|token|api[_-]?key|private[_-]?key)[\"']?\s*[:=]"
+)
+"""What every match of :data:`ASSIGNED_SECRET` holds, in case-folded text: found much faster,
+with no open-ended start to try at every word."""
+_SECRET_NAME_ENDS: Final = tuple(f'{name}"' for name in (*_SECRET_SUFFIXES, *_SECRET_KEYS))
+"""How the name of a secret field ends in a document, normalised: followed by its quote."""
 
 
 def _reencoded(step: _Reencode, changes: int, overflows: int) -> tuple[int, int, str]:

@@ -28,6 +28,7 @@ from agent_plugin.redaction import (
     REDACTED,
     RedactingFilter,
     looks_secret,
+    needs_no_redaction,
     redact,
     redact_deep,
     redact_logs,
@@ -292,6 +293,66 @@ def test_deep_redaction_of_json_in_strings_and_assignments_in_text() -> None:
     assert redact_deep('"quoted" and "more"') == '"quoted" and "more"'  # not JSON: text
     usage = {"input_tokens": 3, "output_tokens": 4, "max_tokens": 9}
     assert redact_deep(usage) == usage  # counts of tokens are no secret
+
+
+# --- needs_no_redaction: the look at a whole document that lets it go out as written -------
+
+_REGISTERED = "unfamiliar-shape-0xC0FFEE"
+_risky_names = st.sampled_from(
+    ["a", "city", "n", "tokens", "max_tokens", "input_tokens", "keyboard", "author", "usage"]
+    + [spell(name) for name in SECRET_FIELDS for spell in (str.lower, str.upper, str.title)]
+    + ["x-api-key", "xApiKey", "db_passwd", "Proxy_Authorization", "pass-word", "Ṫoken"]
+)
+_risky_text = st.one_of(
+    st.text(alphabet="abcdefghij klm.,:=/-_\"'{}[]0123", max_size=16),
+    st.sampled_from(
+        [
+            *(OPENAI_KEY, JWT, GITHUB_TOKENS[0], CREDENTIALED_URLS[1], _REGISTERED, "[1, [2]]"),
+            *("password: hunter2", "api_key=xyz", "Bearer abcdefghijklmnopqrstu", "tokens: 3"),
+            *("PASSWORD = x", "{}", "[]", "   [true]", " ", "ǅtoken=x", "paſsword=x"),
+        ]
+    ),
+)
+_risky_json: st.SearchStrategy[JsonValue] = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _risky_text,
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(_risky_names, children, max_size=3)
+        | children.map(lambda value: json.dumps(value))  # JSON held in a string, as a tool's
+    ),
+    max_leaves=10,
+)
+
+
+@given(_risky_json)
+@settings(max_examples=400)
+def test_a_document_let_through_as_written_is_one_redaction_leaves_alone(value: JsonValue) -> None:
+    with registered_secrets(_REGISTERED):
+        for document in (
+            json.dumps(value, ensure_ascii=False, separators=(",", ":")),
+            json.dumps({"content": value}, ensure_ascii=False, separators=(",", ":")),
+        ):
+            if needs_no_redaction(document):
+                parsed = json.loads(document)
+                assert redact_deep(parsed) == parsed, document
+
+
+def test_ordinary_documents_go_out_as_written_and_the_rest_are_cleaned() -> None:
+    usage = '{"type":"model_response","usage":{"input_tokens":3,"max_tokens":9},"text":"Hi: 4"}'
+    assert needs_no_redaction(usage)
+    assert needs_no_redaction('{"url":"https://example.com/a?b=1","n":[1,2,{"x":null}]}')
+    for risky in [
+        '{"content":"{\\"ok\\":true}"}',  # escaped: JSON in a string
+        '{"Password":null}',
+        '{"x_api_key":1}',
+        f'{{"note":"use {OPENAI_KEY}"}}',
+        '{"note":"token=abc"}',
+        '{"a":' + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "}",
+    ]:
+        assert not needs_no_redaction(risky), risky
+    with registered_secrets(_REGISTERED):
+        assert not needs_no_redaction(f'{{"note":"{_REGISTERED}"}}')
+    assert needs_no_redaction(f'{{"note":"{_REGISTERED}"}}')
 
 
 # --- scrub: one known secret ----------------------------------------------------------------

@@ -46,7 +46,13 @@ from agent_plugin.jobs.progress import ProgressAtCheckpoints, ToolProgressWriter
 from agent_plugin.jobs.queue import RunQueue
 from agent_plugin.jobs.redis import quietly
 from agent_plugin.journal import JournalEntry, Started, recover
-from agent_plugin.live import ControlWatcher, RunControlChannel, RunEventStream
+from agent_plugin.live import (
+    ControlWatcher,
+    EventPublisher,
+    RunControlChannel,
+    RunEventStream,
+    StreamWriter,
+)
 from agent_plugin.logs import run_context
 from agent_plugin.options import EventSink, RunOptions
 from agent_plugin.outages import keep_trying
@@ -145,6 +151,7 @@ class Attempt:
         run_id: str,
         *,
         job_id: str,
+        events: StreamWriter | None = None,
         resume: bool = False,
         trace: dict[str, str] | None = None,
     ) -> None:
@@ -164,7 +171,11 @@ class Attempt:
         """The run's attempt number this delivery started (once :attr:`stage` is RUNNING)."""
         self.session: str | None = None
         self.live: _Live | None = None
-        self.stream: RunEventStream | None = None
+        self.events = events
+        """The worker's writer of event streams (None: the run's publisher writes its own)."""
+        self.publisher: EventPublisher | None = None
+        """The sink of the run's event stream (once something is published): the agent's
+        events and how the run ended go through it, in order, and out before the job ends."""
         self.held_end: RunEnded | None = None
         """The agent's own ``run_end``: published once the record says how the run ended."""
         self.progress: ProgressAtCheckpoints | None = None
@@ -180,7 +191,11 @@ class Attempt:
         stored arguments do not decode) raises its error.
         """
         with run_context(self.run_id):
-            return await self._run()
+            try:
+                return await self._run()
+            finally:
+                if self.publisher is not None:  # what the run published goes out first
+                    await self.publisher.aclose()
 
     async def _run(self) -> Verdict:
         async with Keeper(self.redis, self.job_id, self.options.lease, self._renew_lease):
@@ -653,27 +668,25 @@ class Attempt:
     # --- events ----------------------------------------------------------------------------
 
     def _event_stream(self) -> RunEventStream:
-        if self.stream is None:
-            self.stream = RunEventStream(
+        return self._publish().stream
+
+    def _publish(self) -> EventPublisher:
+        if self.publisher is None:
+            stream = RunEventStream(
                 self.redis,
                 self.run_id,
                 prefix=self.options.live_prefix,
                 maxlen=self.options.events_maxlen,
                 ttl_after_end=self.options.events_ttl,
             )
-        return self.stream
+            self.publisher = stream.publisher(writer=self.events)
+        return self.publisher
 
     async def _publish_end(self, event: AgentEvent) -> None:
-        """Publish how the run ended (or that it will be retried) once its record says so;
-        events never fail a run."""
-        if not self.options.events:
-            return
-        try:
-            await self._event_stream().publish(event)
-        except (RedisError, OSError, TimeoutError) as error:
-            logger.warning(
-                "run %s: its %s event was not published: %s", self.run_id, event.type, error
-            )
+        """Publish how the run ended (or that it will be retried) once its record says so:
+        after every event the run published before; events never fail a run."""
+        if self.options.events:
+            self._publish()(event)
 
     # --- what the run does -----------------------------------------------------------------
 
@@ -686,11 +699,7 @@ class Attempt:
         async with contextlib.AsyncExitStack() as stack:
             tool_progress = ToolProgressWriter(self.store, self.run_id, rule)
             stack.push_async_callback(tool_progress.aclose)
-            publish = (
-                await stack.enter_async_context(self._event_stream().publisher())
-                if self.options.events
-                else None
-            )
+            publish = self._publish() if self.options.events else None
 
             def sink(event: AgentEvent) -> None:
                 if isinstance(event, RunEnded):  # published by _publish_end, see there

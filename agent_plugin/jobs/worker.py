@@ -27,7 +27,7 @@ from agent_plugin.jobs.redis import OutageRetry, dumps, loads, redis_settings
 from agent_plugin.jobs.scale import bound_connections, read_startable_jobs
 from agent_plugin.jobs.ticks import heartbeat_cron, tick
 from agent_plugin.jobs.upkeep import Upkeep
-from agent_plugin.live import ControlWatcher
+from agent_plugin.live import ControlWatcher, StreamWriter
 from agent_plugin.proactive import DEFAULT_DELIVERY_TIMEOUT, Heartbeat
 from agent_plugin.runtime import AgentRuntime
 
@@ -63,11 +63,14 @@ class _Worker:
     runtime: AgentRuntime
     queue: RunQueue
     watcher: ControlWatcher
+    events: StreamWriter
+    """Writes the event streams of every run of the worker, in one round trip per turn."""
     upkeep: Upkeep
 
     async def aclose(self) -> None:
         await self.upkeep.aclose()
         await self.watcher.aclose()
+        await self.events.aclose()
         await self.queue.aclose()
         await self.runtime.aclose()
 
@@ -111,6 +114,7 @@ async def _deliver(
         ctx["redis"],
         worker.watcher,
         run_id,
+        events=worker.events,
         job_id=str(ctx.get("job_id", run_id)),
         resume=resume,
         trace=trace,
@@ -189,7 +193,7 @@ async def start_worker(
     if upkeep:
         upkeep_task.start()
     watcher = ControlWatcher(redis, prefix=options.live_prefix)
-    ctx[_WORKER_KEY] = _Worker(runtime, queue, watcher, upkeep_task)
+    ctx[_WORKER_KEY] = _Worker(runtime, queue, watcher, StreamWriter(redis), upkeep_task)
     logger.info(
         "agent worker started: %s queue=%s upkeep=%s%s",
         runtime.describe(),

@@ -6,16 +6,14 @@ package's helpers for runs that never leave the process too."""
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from agent_plugin.live.public import DeltaGuard, public_json, public_payload
+from agent_plugin.live.publishing import EventPublisher, RunEventStream, StreamWriter
 from agent_plugin.live.streams import (
     DEFAULT_PREFIX,
-    DeltaGuard,
-    EventPublisher,
     RecordedEnd,
-    RunEventStream,
     caught_up_with_end,
     open_events,
     parse_event_id,
-    public_payload,
     read_events,
     stream_key,
 )
@@ -40,9 +38,11 @@ __all__ = [
     "RecordedEnd",
     "RunControlChannel",
     "RunEventStream",
+    "StreamWriter",
     "caught_up_with_end",
     "open_events",
     "parse_event_id",
+    "public_json",
     "public_payload",
     "read_events",
     "stream_key",

@@ -1,7 +1,7 @@
-"""A run's events on a Redis Stream: published redacted by the worker that runs it
-(:class:`RunEventStream`, :class:`EventPublisher`), read by any process from the start or after
-a ``Last-Event-ID`` (:func:`open_events`), with an end built from the run's record when the
-stream lost it. Keys (default prefix ``agent:run:``): ``<prefix><run_id>:events``.
+"""A run's events on a Redis Stream, read: by any process, from the start or after a
+``Last-Event-ID`` (:func:`open_events`), with an end built from the run's record when the
+stream lost it. The worker that runs it publishes them (:mod:`agent_plugin.live.publishing`).
+Keys (default prefix ``agent:run:``): ``<prefix><run_id>:events``.
 """
 
 from __future__ import annotations
@@ -10,16 +10,12 @@ import asyncio
 import json
 import logging
 import re
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from pydantic import JsonValue
-
-from agent_plugin.cancellation import stop_task
 from agent_plugin.errors import AgentError
-from agent_plugin.events import AgentEvent, RunEnded, TextDeltaEvent, ThinkingDeltaEvent
-from agent_plugin.redaction import ASSIGNED_SECRET, redact_deep
+from agent_plugin.events import AgentEvent, RunEnded
+from agent_plugin.live.public import public_payload
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -29,295 +25,13 @@ logger = logging.getLogger("agent_plugin.live")
 DEFAULT_PREFIX: Final = "agent:run:"
 """Prefix of every live-run key: ``<prefix><run_id>:events`` and so on."""
 
-_PAUSES: Final = frozenset({"awaiting_approval", "paused"})
+PAUSES: Final = frozenset({"awaiting_approval", "paused"})
 """Outcome statuses after which the same run goes on later (a resume publishes more events)."""
-
-_WRITE_BATCH: Final = 100
-_WRITE_RETRIES: Final = (0.2, 0.5, 1.0, 2.0)
-
-Delta = TextDeltaEvent | ThinkingDeltaEvent
 
 
 def stream_key(run_id: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The Redis key of the event stream of ``run_id``."""
     return f"{prefix}{run_id}:events"
-
-
-# --- redaction of what is published ---------------------------------------------------------
-
-
-def public_payload(event: AgentEvent) -> dict[str, JsonValue]:
-    """The JSON of ``event`` as it may leave the process.
-
-    Secret-named fields and credential-looking strings become ``[REDACTED]`` everywhere, tool
-    results and assistant text included; JSON inside a string (a tool result) is redacted by
-    field name as well; ``name: value`` assignments of secret names lose their value. A
-    ``run_end`` carries its summary, never the in-process outcome.
-    """
-    cleaned = redact_deep(event.model_dump(mode="json"))
-    assert isinstance(cleaned, dict)
-    return cleaned
-
-
-_WORD_BREAK: Final = re.compile(r"\s+")
-_WORD: Final = re.compile(r"\S+")
-_INTRODUCED_SECRET: Final = re.compile(r"(?i)\b(?:bearer|basic)\s+\S+")
-_HELD_WORDS: Final = 3
-_MAX_HELD: Final = 4096
-
-
-class DeltaGuard:
-    """Holds back the tail of streamed text until no secret can straddle what is published.
-
-    A key may arrive split over several deltas (``sk-an`` + ``t-api03...``); each piece alone
-    matches no pattern. The guard publishes text only up to the start of its last three words
-    (a secret with its introducer, ``password = value`` or ``Bearer token``, spans at most three),
-    and never through the middle of a match; the rest waits for more text or for the next
-    non-delta event, which flushes it.
-    """
-
-    def __init__(self) -> None:
-        self._held: dict[str, Delta] = {}
-
-    def feed(self, event: AgentEvent) -> list[AgentEvent]:
-        """The events to publish for ``event``, in order (possibly none)."""
-        if not isinstance(event, TextDeltaEvent | ThinkingDeltaEvent):
-            return [*self.flush(), event]
-        held = self._held.pop(event.type, None)
-        out: list[AgentEvent] = self.flush()  # text of the other kind, ended by this one
-        text = event.text if held is None else held.text + event.text
-        cut = _safe_cut(text)
-        if cut < len(text):
-            self._held[event.type] = event.model_copy(update={"text": text[cut:]})
-        if cut > 0:
-            out.append(event.model_copy(update={"text": text[:cut]}))
-        return out
-
-    def flush(self) -> list[AgentEvent]:
-        """Whatever is held, as deltas; the guard is empty afterwards."""
-        held, self._held = list(self._held.values()), {}
-        return list(held)
-
-
-def _safe_cut(text: str) -> int:
-    """How much of ``text`` can be published now without cutting a possible secret."""
-    words = [0, *(m.end() for m in _WORD_BREAK.finditer(text) if m.end() < len(text))]
-    cut = 0 if len(words) <= _HELD_WORDS else words[-_HELD_WORDS]
-    moved = True
-    while moved:  # moving back out of one match may land inside another
-        moved = False
-        for pattern in (ASSIGNED_SECRET, _INTRODUCED_SECRET, _WORD):
-            for m in pattern.finditer(text):
-                if m.start() < cut < m.end():
-                    cut, moved = m.start(), True
-    if len(text) - cut > _MAX_HELD:  # one enormous "word": publish all but a long tail
-        cut = len(text) - _MAX_HELD // 2
-    return cut
-
-
-# --- publishing ------------------------------------------------------------------------------
-
-
-def _is_pause(event: RunEnded) -> bool:
-    return event.summary is not None and event.summary.status in _PAUSES
-
-
-class RunEventStream:
-    """The event stream of one run in Redis: ``XADD`` of redacted events, bounded and expiring.
-
-    ``maxlen`` bounds the stream (approximately, as ``MAXLEN ~``: Redis trims whole nodes); a
-    late reader of a very long run sees its most recent events. After a ``run_end`` the key
-    expires in ``ttl_after_end`` seconds, or ``ttl_after_pause`` when the run paused for approval
-    (its resume publishes to the same stream and removes the expiry at its ``run_start``).
-    """
-
-    def __init__(
-        self,
-        redis: Redis,
-        run_id: str,
-        *,
-        maxlen: int = 1000,
-        ttl_after_end: int = 3600,
-        ttl_after_pause: int = 7 * 86_400,
-        prefix: str = DEFAULT_PREFIX,
-    ) -> None:
-        if maxlen < 1:
-            raise AgentError.config(f"maxlen must be at least 1, got {maxlen}")
-        self.redis = redis
-        self.run_id = run_id
-        self.maxlen = maxlen
-        self.ttl_after_end = ttl_after_end
-        self.ttl_after_pause = ttl_after_pause
-        self.prefix = prefix
-        self.key = stream_key(run_id, prefix)
-        self._guard = DeltaGuard()
-
-    def __repr__(self) -> str:
-        return f"RunEventStream(key={self.key!r}, maxlen={self.maxlen})"
-
-    async def publish(self, event: AgentEvent) -> list[str]:
-        """Publish one event now; the ids of the entries written (held text may come first,
-        a text delta may be held back and write nothing yet)."""
-        return await self.write(self._guard.feed(event))
-
-    async def write(self, events: list[AgentEvent]) -> list[str]:
-        """``XADD`` ``events`` in one round trip, in order; their entry ids.
-
-        A ``run_start`` removes a pending expiry (a resumed run), a ``run_end`` sets one.
-        Events go out as given: use :meth:`publish` or :meth:`publisher`, which hold back
-        text that might be part of a split secret.
-        """
-        if not events:
-            return []
-        pipe = self.redis.pipeline(transaction=False)
-        adds: list[int] = []
-        for event in events:
-            if event.type == "run_start":
-                pipe.persist(self.key)
-            data = json.dumps(public_payload(event), ensure_ascii=False, separators=(",", ":"))
-            adds.append(len(pipe))
-            pipe.xadd(
-                self.key, {"type": event.type, "data": data}, maxlen=self.maxlen, approximate=True
-            )
-            if isinstance(event, RunEnded):
-                ttl = self.ttl_after_pause if _is_pause(event) else self.ttl_after_end
-                pipe.expire(self.key, ttl)
-        results = await pipe.execute()
-        return [_text(results[i]) for i in adds]
-
-    def publisher(self, *, capacity: int = 1000, flush_timeout: float = 10.0) -> EventPublisher:
-        """A synchronous event sink for ``Agent(on_event=...)`` that never blocks the loop."""
-        return EventPublisher(self, capacity=capacity, flush_timeout=flush_timeout)
-
-
-def _is_delta(event: AgentEvent) -> bool:
-    return isinstance(event, TextDeltaEvent | ThinkingDeltaEvent)
-
-
-class EventPublisher:
-    """Buffers a run's events and writes them to its stream from one task, in order.
-
-    Calling it (the sink) only appends to a buffer: a slow or unreachable Redis never slows the
-    run. Consecutive text (or thinking) deltas that are still waiting are merged into one. When
-    ``capacity`` events wait, the oldest waiting delta is dropped to make room (the full text
-    still arrives in ``model_response``); every other event is kept, ``run_end`` always. A write
-    that fails is retried a few times, then dropped with a warning. ``await aclose()`` (or
-    leaving ``async with``) flushes what is left.
-    """
-
-    def __init__(
-        self, stream: RunEventStream, *, capacity: int = 1000, flush_timeout: float = 10.0
-    ) -> None:
-        if capacity < 1:
-            raise AgentError.config(f"capacity must be at least 1, got {capacity}")
-        self.stream = stream
-        self.capacity = capacity
-        self.flush_timeout = flush_timeout
-        self.retry_delays: tuple[float, ...] = _WRITE_RETRIES
-        """Seconds between the attempts of a write that failed; then its events are dropped."""
-        self.dropped = 0
-        """Events dropped so far (deltas when the buffer was full, or writes that failed)."""
-        self._buffer: deque[AgentEvent] = deque()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
-
-    def __repr__(self) -> str:
-        return (
-            f"EventPublisher(key={self.stream.key!r}, waiting={len(self._buffer)}, "
-            f"dropped={self.dropped})"
-        )
-
-    @property
-    def waiting(self) -> int:
-        """Events buffered and not yet written."""
-        return len(self._buffer)
-
-    def __call__(self, event: AgentEvent) -> None:
-        if self._closing:
-            logger.warning("run %s: event %s after the publisher closed", event.run_id, event.type)
-            return
-        for item in self.stream._guard.feed(event):
-            self._add(item)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._drain())
-        self._wake.set()
-
-    def _add(self, event: AgentEvent) -> None:
-        buffer = self._buffer
-        if isinstance(event, TextDeltaEvent | ThinkingDeltaEvent) and buffer:
-            last = buffer[-1]
-            if type(last) is type(event) and isinstance(last, TextDeltaEvent | ThinkingDeltaEvent):
-                buffer[-1] = last.model_copy(update={"text": last.text + event.text})
-                return
-        if len(buffer) >= self.capacity:
-            oldest = next((i for i, item in enumerate(buffer) if _is_delta(item)), None)
-            if oldest is not None:
-                del buffer[oldest]
-                self.dropped += 1
-            elif _is_delta(event):
-                self.dropped += 1
-                return
-        buffer.append(event)
-
-    async def _drain(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._buffer:
-                count = min(len(self._buffer), _WRITE_BATCH)
-                batch = [self._buffer.popleft() for _ in range(count)]
-                await self._send(batch)
-            if self._closing:
-                return
-
-    async def _send(self, batch: list[AgentEvent]) -> None:
-        for delay in (*self.retry_delays, None):
-            try:
-                await self.stream.write(batch)
-                return
-            except Exception as error:
-                from redis.exceptions import RedisError  # loaded by now: the stream writes on it
-
-                if delay is None or not isinstance(error, RedisError | OSError | TimeoutError):
-                    self.dropped += len(batch)
-                    logger.warning(
-                        "run %s: %d events not published: %s",
-                        self.stream.run_id,
-                        len(batch),
-                        error,
-                    )
-                    return
-                await asyncio.sleep(delay)
-
-    async def aclose(self) -> None:
-        """Publish held text and every waiting event (up to ``flush_timeout`` seconds), then
-        stop."""
-        if self._closing:
-            return
-        for item in self.stream._guard.flush():
-            self._add(item)
-        self._closing = True
-        if self._task is None:
-            if not self._buffer:
-                return
-            self._task = asyncio.get_running_loop().create_task(self._drain())
-        self._wake.set()
-        task = self._task
-        try:
-            async with asyncio.timeout(self.flush_timeout):
-                await asyncio.shield(task)
-        except TimeoutError:
-            lost = len(self._buffer)
-            await stop_task(task)
-            self.dropped += lost
-            logger.warning("run %s: %d events not published in time", self.stream.run_id, lost)
-
-    async def __aenter__(self) -> EventPublisher:
-        return self
-
-    async def __aexit__(self, *_exc: object) -> None:
-        await self.aclose()
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -359,7 +73,7 @@ def _is_final_end(event: Mapping[str, Any]) -> bool:
     if event.get("type") != "run_end":
         return False
     summary = event.get("summary")
-    return not (isinstance(summary, dict) and summary.get("status") in _PAUSES)
+    return not (isinstance(summary, dict) and summary.get("status") in PAUSES)
 
 
 def _ends(event: Mapping[str, Any], follow: bool) -> bool:
