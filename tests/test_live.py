@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from agent_plugin.agent import Agent
 from agent_plugin.cancellation import CancelToken
+from agent_plugin.errors import AgentError
 from agent_plugin.events import (
     AgentEvent,
     ModelResponded,
@@ -50,9 +51,11 @@ from agent_plugin.live import (
     DeltaGuard,
     RunControlChannel,
     RunEventStream,
+    StreamWriter,
     caught_up_with_end,
     open_events,
     parse_event_id,
+    public_json,
     public_payload,
     read_events,
     stream_key,
@@ -371,6 +374,77 @@ async def test_a_full_buffer_drops_the_oldest_deltas_and_keeps_every_other_event
     read = await collect(redis, "full", prefix)
     assert [e["type"] for _, e in read] == ["run_start", "tool_start", "tool_end", "run_end"]
     assert sink.dropped == 3
+
+
+class CountingRedis(GatedRedis):
+    """A :class:`GatedRedis` that is open from the start and counts the event writes."""
+
+    def __init__(self, real: aioredis.Redis) -> None:
+        super().__init__(real)
+        self.gate.set()
+
+
+async def test_one_writer_writes_the_streams_of_many_runs_in_one_call_each_in_order(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    counting = CountingRedis(redis)
+    writer = StreamWriter(counting, linger=0.05)  # type: ignore[arg-type]
+    runs = [f"many{i}" for i in range(5)]
+    sinks = [
+        RunEventStream(counting, run_id, prefix=prefix).publisher(writer=writer)  # type: ignore[arg-type]
+        for run_id in runs
+    ]
+    for sink, run_id in zip(sinks, runs, strict=True):
+        for event in script_events(run_id, steps=2):
+            sink(event)
+    for _ in range(200):  # the first turn takes every run's events (they came within the linger)
+        if counting.writes:
+            break
+        await asyncio.sleep(0.005)
+    for sink in sinks:
+        await sink.aclose()
+    assert counting.writes == 1
+    for run_id in runs:
+        read = await collect(redis, run_id, prefix)
+        assert [e["type"] for _, e in read] == [e.type for e in script_events(run_id, steps=2)]
+        assert all(e["run_id"] == run_id for _, e in read)
+    assert await redis.ttl(stream_key(runs[0], prefix)) > 0  # the end set the expiry
+    await writer.aclose()
+
+
+async def test_closing_a_publisher_writes_at_once_without_the_linger(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    counting = CountingRedis(redis)
+    writer = StreamWriter(counting, linger=3600.0)  # type: ignore[arg-type]
+    sink = RunEventStream(counting, "quick", prefix=prefix).publisher(writer=writer)  # type: ignore[arg-type]
+    for event in script_events("quick", steps=1):
+        sink(event)
+    async with asyncio.timeout(5):
+        await sink.aclose()
+    assert [e["type"] for _, e in await collect(redis, "quick", prefix)][-1] == "run_end"
+    assert sink.dropped == 0
+    await writer.aclose()
+
+
+def test_a_writer_and_its_publishers_share_one_redis(redis: aioredis.Redis) -> None:
+    other = aioredis.Redis.from_url("redis://127.0.0.1:1/0")
+    with pytest.raises(AgentError, match="writer must write on its stream's Redis"):
+        RunEventStream(other, "r").publisher(writer=StreamWriter(redis))
+
+
+def test_public_json_is_the_public_payload_as_text() -> None:
+    message = ChatMessage(role=Role.ASSISTANT, content=[TextPart(text="The answer is 42.")])
+    for event in [
+        *script_events("r"),
+        ModelResponded(
+            run_id="r", step=1, message=message, stop_reason=StopReason.END_TURN, usage=usage()
+        ),
+        ToolFinished(run_id="r", call_id="c", name="n", content='{"password":"hunter2-x"}'),
+        ToolStarted(run_id="r", call_id="c", name="n", arguments={"api_key": "abc", "n": 1}),
+        TextDeltaEvent(run_id="r", text=f"key {CANARY_KEY} and a lone \ud800 surrogate"[:40]),
+    ]:
+        assert json.loads(public_json(event)) == public_payload(event)
 
 
 async def test_an_unreachable_redis_loses_events_but_never_the_run() -> None:
