@@ -725,8 +725,11 @@ class Attempt:
         ``message_mode`` says, and those that joined stop counting against the bound."""
         channel = RunControlChannel(self.redis, self.run_id, prefix=self.options.live_prefix)
         pending: set[asyncio.Task[None]] = set()
+        joined_any = False
 
         def joined(count: int) -> None:
+            nonlocal joined_any
+            joined_any = True
             task = asyncio.ensure_future(quietly(channel.joined(count)))
             pending.add(task)
             task.add_done_callback(pending.discard)
@@ -734,11 +737,13 @@ class Attempt:
         async def settle() -> None:
             if pending:
                 await asyncio.wait(set(pending))
-            await quietly(self.redis.delete(channel.queued_key))
+            if joined_any or steering.queued:  # (no message reached the run: nothing to count)
+                await quietly(self.redis.delete(channel.queued_key))
 
         stack.push_async_callback(settle)
         mode = args.overrides.message_mode or "steer"
-        return Steering(default_mode=mode, max_queued=None, on_taken=joined)
+        steering = Steering(default_mode=mode, max_queued=None, on_taken=joined)
+        return steering
 
     async def _drive_live(
         self, record: RunRecord, args: RunArgs, agent: Agent, live: _Live
