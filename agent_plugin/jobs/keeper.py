@@ -19,14 +19,19 @@ __all__ = ["Keeper"]
 
 logger = logging.getLogger("agent_plugin.jobs")
 
+Renewal = Callable[[], Awaitable[None]]
+
 
 class Keeper:
     """Renews what a running job holds: arq's in-progress key of the job, and the run's lease
     in the database once the delivery has started the run.
 
-    The two are renewed by separate tasks, so a Redis outage (whose commands a worker retries
-    for about 15 s) does not let the database lease lapse, which would let another worker take
-    the run over when Redis is back, and a database outage does not cost the claim in Redis.
+    Each is renewed every third of the lease by a renewal of its own, started by a timer: a
+    Redis outage (whose commands a worker retries for as long as it lasts) does not let the
+    database lease lapse, which would let another worker take the run over when Redis is
+    back, and a database outage does not cost the claim in Redis. A renewal still under way
+    when the next is due is left to finish instead. (A timer costs a run nothing until it
+    fires: most runs end before the first.)
     """
 
     def __init__(
@@ -37,27 +42,38 @@ class Keeper:
         self.lease = lease
         self.run_lease = run_lease
         """Renews the run's lease in the database (a no-op until the delivery started it)."""
-        self._tasks: list[asyncio.Task[None]] = []
+        self._timers: dict[Renewal, asyncio.TimerHandle] = {}
+        self._renewing: dict[Renewal, asyncio.Task[None]] = {}
 
     async def __aenter__(self) -> Keeper:
         await self._renew_claim()
-        self._tasks = [
-            asyncio.create_task(self._every_third_of_lease(self._renew_claim), name=self.key),
-            asyncio.create_task(self._every_third_of_lease(self.run_lease), name=self.key),
-        ]
+        for renew in (self._renew_claim, self.run_lease):
+            self._schedule(renew)
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
-        for task in self._tasks:
+        timers, self._timers = self._timers, {}
+        for timer in timers.values():
+            timer.cancel()
+        renewing, self._renewing = self._renewing, {}
+        for task in renewing.values():
             await stop_task(task)
 
-    async def _every_third_of_lease(self, renew: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            await asyncio.sleep(self.lease / 3)
-            try:
-                await renew()
-            except (AgentError, TimeoutError, RedisError, OSError) as error:
-                logger.warning("cannot renew the lease of %s: %s", self.key, error)
+    def _schedule(self, renew: Renewal) -> None:
+        loop = asyncio.get_running_loop()
+        self._timers[renew] = loop.call_later(self.lease / 3, self._due, renew)
+
+    def _due(self, renew: Renewal) -> None:
+        under_way = self._renewing.get(renew)
+        if under_way is None or under_way.done():
+            self._renewing[renew] = asyncio.ensure_future(self._renewed(renew))
+        self._schedule(renew)
+
+    async def _renewed(self, renew: Renewal) -> None:
+        try:
+            await renew()
+        except (AgentError, TimeoutError, RedisError, OSError) as error:
+            logger.warning("cannot renew the lease of %s: %s", self.key, error)
 
     async def _renew_claim(self) -> None:
         # SET, not PEXPIRE: a claim deleted while this delivery lives (a superseded delivery of
