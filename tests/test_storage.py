@@ -775,3 +775,77 @@ async def test_a_value_the_database_refuses_is_invalid_and_never_shows_sql() -> 
     finally:
         await database.dispose()
         await schema.drop()
+
+
+# --- prebuilt writes: the driver runs them on PostgreSQL ---------------------------------------
+
+SECRET = "sk-live-0123456789abcdefghijklmnop"
+
+
+async def test_a_new_run_is_recorded_through_the_driver_as_sqlalchemy_would(
+    pg_schema: PostgresSchema,
+) -> None:
+    from agent_plugin.storage import SqlRunStore
+    from agent_plugin.storage.run_sql import CREATE
+
+    database = pg_schema.database()
+    try:
+        store = SqlRunStore(database)
+        args = {"prompt": f"use {SECRET}", "overrides": {"api_key": SECRET}}
+        run_id = f"run_{uuid.uuid4().hex}"
+        assert await store.create(run_id, origin="request", args=args)
+        assert CREATE["postgresql", False] in database._prebuilt  # the driver ran it
+        assert not await store.create(run_id, origin="request", args=args)  # a no-op
+        record = await store.get(run_id)
+        assert record is not None
+        assert record.status.value == "queued"
+        assert record.created_at.tzinfo is not None
+        stored = await store.args(run_id)
+        assert SECRET not in str(stored)  # redacted by the JSON column's type, as before
+        assert stored["prompt"].startswith("use ")
+        later = f"run_{uuid.uuid4().hex}"
+        assert await store.create(later, origin="request", args=args, not_before=60)
+        async with database.read() as conn:
+            lease = await conn.scalar(
+                sa.text("SELECT lease_until - now() FROM agent_runs WHERE run_id = :r"),
+                {"r": later},
+            )
+        assert 50 < lease.total_seconds() <= 61
+        # with a listener on the engine's statements (tracing), SQLAlchemy runs it: it is seen
+        counter = QueryCounter(database)
+        try:
+            assert await store.create(f"run_{uuid.uuid4().hex}", origin="request", args=args)
+        finally:
+            counter.close()
+        assert [s.split(None, 2)[:2] for s in counter.statements] == [["INSERT", "INTO"]]
+    finally:
+        await database.dispose()
+
+
+async def test_a_prebuilt_write_keeps_the_errors_typed_and_never_shows_sql(
+    pg_schema: PostgresSchema,
+) -> None:
+    database = pg_schema.database()
+    text = sa.text("SELECT CAST(:s AS text)").bindparams(sa.bindparam("s", type_=sa.String()))
+    try:
+        with pytest.raises(AgentError) as refused:
+            await database.write_prebuilt(text, {"s": "top\x00secret"})
+        assert refused.value.kind is ErrorKind.INVALID
+        assert "refused a value" in str(refused.value)
+        assert "SELECT" not in str(refused.value)
+        assert "secret" not in str(refused.value)
+        as_json = sa.text("SELECT CAST(:v AS jsonb)").bindparams(sa.bindparam("v", type_=sa.JSON()))
+        with pytest.raises(AgentError) as unbound:
+            await database.write_prebuilt(as_json, {"v": {"top-secret": object()}})
+        assert unbound.value.kind is ErrorKind.INTERNAL
+        assert "top-secret" not in str(unbound.value)
+        # a connection the server ends is unavailable, and is not pooled again
+        ended = sa.text("SELECT pg_terminate_backend(pg_backend_pid())")
+        with pytest.raises(AgentError) as lost:
+            await database.write_prebuilt(ended, {})
+        assert lost.value.kind is ErrorKind.UNAVAILABLE
+        assert "SELECT" not in str(lost.value)
+        for _ in range(3):  # every pooled connection still works
+            assert await database.write_prebuilt(text, {"s": "fine"}) == 1
+    finally:
+        await database.dispose()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from typing import Any, Final
 
 from arq.connections import ArqRedis
@@ -18,6 +19,7 @@ from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_pre
 from arq.jobs import serialize_job
 from arq.utils import timestamp_ms
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.commands.core import AsyncScript
 
 __all__ = ["bound_connections", "enqueue_job", "read_startable_jobs"]
 
@@ -32,6 +34,9 @@ return 1
 """Put the job ``ARGV[2]`` at ``KEYS[1]`` (expiring in ``ARGV[1]`` ms) and its id ``ARGV[4]``
 on the queue ``KEYS[3]`` with the score ``ARGV[3]``, unless the job or its result (``KEYS[2]``)
 exists: arq's enqueue, atomic as its ``WATCH`` transaction is."""
+
+_ENQUEUE_SCRIPTS: Final[weakref.WeakKeyDictionary[Redis, AsyncScript]] = weakref.WeakKeyDictionary()
+"""The enqueue script of each client (:func:`enqueue_job`)."""
 
 _STARTABLE: Final = """
 local found = {}
@@ -70,7 +75,9 @@ async def enqueue_job(
     expires = score - now + redis.expires_extra_ms
     job = serialize_job(function, args, {}, None, now, serializer=redis.job_serializer)
     keys = [job_key_prefix + job_id, result_key_prefix + job_id, queue_name]
-    script = redis.register_script(_ENQUEUE)  # EVALSHA, loaded on first use
+    script = _ENQUEUE_SCRIPTS.get(redis)
+    if script is None:  # EVALSHA, loaded on first use; its digest computed once per client
+        script = _ENQUEUE_SCRIPTS[redis] = redis.register_script(_ENQUEUE)
     return bool(await script(keys=keys, args=[expires, job, score, job_id]))
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -145,6 +146,7 @@ class Database:
             self._busy_timeout = float(args["timeout"])
         else:
             _ping_idle_connections(self.engine)
+        self._prebuilt: dict[sa.Executable, _DriverStatement] = {}
         self.sessionmaker: async_sessionmaker[AsyncSession] = async_sessionmaker(
             self.engine, expire_on_commit=False
         )
@@ -204,6 +206,59 @@ class Database:
         it changed."""
         async with self.alone(write=True) as conn:
             return (await conn.execute(statement, params)).rowcount
+
+    async def write_prebuilt(self, statement: sa.Executable, params: dict[str, Any]) -> int:
+        """:meth:`write_one` for a statement built once (a module constant, never one built
+        per call): on PostgreSQL it is compiled once per database and the driver runs it,
+        without SQLAlchemy's work per execution (a fifth of the enqueue route's CPU).
+
+        The same statement with the same bind parameters, each value processed by its
+        column's type as SQLAlchemy would (JSON redacted and encoded, timestamps in UTC), and
+        the same errors (:meth:`errors`); a connection whose statement failed other than by
+        the server's refusal (a lost connection, a timeout, a cancel) is closed, not pooled
+        again. On SQLite it is :meth:`write_one`, and so it is while anything listens to the
+        engine's statements (an OpenTelemetry instrumentation, a test's counter): they see it.
+        """
+        if self.dialect != "postgresql" or self._statements_watched():
+            return await self.write_one(statement, params)
+        compiled = self._prebuilt.get(statement)
+        if compiled is None:
+            compiled = self._prebuilt[statement] = _DriverStatement.of(
+                statement, self.engine.dialect
+            )
+        with self.errors("write to"):
+            values = compiled.values(params)
+            async with self.engine.connect() as conn:
+                pooled = await conn.get_raw_connection()
+                driver = pooled.driver_connection
+                assert driver is not None  # a pooled asyncpg connection
+                try:
+                    status = await driver.execute(compiled.sql, *values)
+                except Exception as error:
+                    sqlstate = getattr(error, "sqlstate", None)
+                    # the server refused the statement (not the connection): it stays pooled
+                    if isinstance(sqlstate, str) and not sqlstate.startswith(("08", "57")):
+                        refused = (
+                            exc.IntegrityError if sqlstate.startswith("23") else exc.DBAPIError
+                        )
+                        raise refused(compiled.sql, None, error) from error
+                    await conn.invalidate()
+                    raise exc.DBAPIError(
+                        compiled.sql, None, error, connection_invalidated=True
+                    ) from error
+                except BaseException:
+                    await conn.invalidate()
+                    raise
+        return int(str(status).rsplit(" ", 1)[-1])
+
+    def _statements_watched(self) -> bool:
+        dispatch = self.engine.sync_engine.dispatch
+        return bool(
+            dispatch.before_cursor_execute
+            or dispatch.after_cursor_execute
+            or dispatch.before_execute
+            or dispatch.after_execute
+        )
 
     @asynccontextmanager
     async def _turn_to_write(self) -> AsyncIterator[None]:
@@ -322,6 +377,43 @@ class Database:
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.dispose()
+
+
+@dataclass(frozen=True, slots=True)
+class _DriverStatement:
+    """A statement compiled for the driver (:meth:`Database.write_prebuilt`): its SQL with
+    positional parameters, their names in order, the values compiled into it (``status =
+    'queued'``) and the type processing of each value."""
+
+    sql: str
+    names: tuple[str, ...]
+    fixed: dict[str, Any]
+    processors: tuple[Callable[[Any], Any] | None, ...]
+
+    @classmethod
+    def of(cls, statement: sa.Executable, dialect: sa.Dialect) -> _DriverStatement:
+        compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+        names = tuple(compiled.positiontup or ())
+        processors = tuple(
+            compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
+            for name in names
+        )
+        return cls(str(compiled), names, dict(compiled.params), processors)
+
+    def values(self, params: dict[str, Any]) -> list[Any]:
+        """The positional values for ``params``; a value that does not bind is a
+        :class:`~sqlalchemy.exc.StatementError` (``internal``), as in SQLAlchemy."""
+        try:
+            return [
+                value if process is None else process(value)
+                for value, process in zip(
+                    (params.get(name, self.fixed[name]) for name in self.names),
+                    self.processors,
+                    strict=True,
+                )
+            ]
+        except Exception as error:
+            raise exc.StatementError("a value does not bind", self.sql, None, error) from error
 
 
 def sqlite_path(url: URL) -> Path | None:

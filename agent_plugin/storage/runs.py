@@ -153,7 +153,7 @@ class SqlRunStore(PausedRuns):
             if not_before:
                 values["delay"] = float(not_before)
             insert = CREATE[self.database.dialect, bool(not_before)]
-            return await self.database.write_one(insert, values) == 1
+            return await self.database.write_prebuilt(insert, values) == 1
         # a run of a session takes the next place in its session's queue
         for _ in range(PLACE_TRIES):
             now = utcnow()
