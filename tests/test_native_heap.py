@@ -29,14 +29,19 @@ def rss_kb() -> int:
     raise AssertionError("no VmRSS")
 
 
-async def test_every_upkeep_tick_trims_the_native_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("fleet", [True, False])
+async def test_every_upkeep_tick_trims_the_native_heap(
+    monkeypatch: pytest.MonkeyPatch, fleet: bool
+) -> None:
+    # a worker without the fleet's upkeep (upkeep=False) trims its own heap all the same
     trims: list[float] = []
     monkeypatch.setattr(upkeep_module, "trim_native_heap", lambda: trims.append(0.0) or True)
     redis: Any = AsyncMock()
     redis.set.return_value = False  # another worker reconciles
     keeper = Upkeep(redis, MagicMock(), JobOptions(lease=0.3, reconcile_every=1))
-    monkeypatch.setattr(keeper, "release_abandoned_claims", AsyncMock(return_value=[]))
-    keeper.start()
+    claims = AsyncMock(return_value=[])
+    monkeypatch.setattr(keeper, "release_abandoned_claims", claims)
+    keeper.start(fleet=fleet)
     try:
         deadline = time.monotonic() + 10
         while len(trims) < 2:
@@ -44,6 +49,7 @@ async def test_every_upkeep_tick_trims_the_native_heap(monkeypatch: pytest.Monke
             await asyncio.sleep(0.05)
     finally:
         await keeper.aclose()
+    assert claims.await_count >= 2 if fleet else claims.await_count == 0
 
 
 @glibc

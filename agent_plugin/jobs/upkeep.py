@@ -166,11 +166,13 @@ class Upkeep:
         )
         return job is not None
 
-    def start(self) -> None:
-        """Until :meth:`aclose`, release abandoned claims every lease and reconcile every
-        ``reconcile_every`` seconds (one worker of the fleet at a time, under a Redis lock)."""
+    def start(self, *, fleet: bool = True) -> None:
+        """Until :meth:`aclose`, give the C heap's free pages back every lease and, with
+        ``fleet`` (this worker does the fleet's upkeep), release abandoned claims every lease
+        and reconcile every ``reconcile_every`` seconds (one worker of the fleet at a time,
+        under a Redis lock)."""
         if self._task is None:
-            self._task = asyncio.create_task(self._maintain(), name="agent job upkeep")
+            self._task = asyncio.create_task(self._maintain(fleet), name="agent job upkeep")
 
     async def aclose(self) -> None:
         """Stop the upkeep."""
@@ -178,21 +180,29 @@ class Upkeep:
         if task is not None:
             await stop_task(task)
 
-    async def _maintain(self) -> None:
+    async def _maintain(self, fleet: bool) -> None:
         every = self.options.reconcile_every
         reconciled = time.monotonic() - every  # once at startup too
         while True:
-            try:
-                await self.release_abandoned_claims()
-            except (TimeoutError, RedisError, OSError) as error:
-                logger.warning("cannot check for abandoned job claims: %s", error)
-            if time.monotonic() - reconciled >= every:
-                reconciled = time.monotonic()
-                try:
-                    key = f"{self.options.key_prefix}reconciling"
-                    if await self.redis.set(key, b"1", nx=True, px=ms(every)):
-                        await self.reconcile()
-                except (AgentError, TimeoutError, RedisError, OSError) as error:
-                    logger.warning("cannot check for runs whose job was lost: %s", error)
+            if fleet:
+                reconciled = await self._fleet_upkeep(reconciled)
             trim_native_heap()
             await asyncio.sleep(min(self.options.lease, every))
+
+    async def _fleet_upkeep(self, reconciled: float) -> float:
+        """Release abandoned claims, and reconcile when ``reconcile_every`` has passed since
+        ``reconciled``; when it last reconciled."""
+        every = self.options.reconcile_every
+        try:
+            await self.release_abandoned_claims()
+        except (TimeoutError, RedisError, OSError) as error:
+            logger.warning("cannot check for abandoned job claims: %s", error)
+        if time.monotonic() - reconciled >= every:
+            reconciled = time.monotonic()
+            try:
+                key = f"{self.options.key_prefix}reconciling"
+                if await self.redis.set(key, b"1", nx=True, px=ms(every)):
+                    await self.reconcile()
+            except (AgentError, TimeoutError, RedisError, OSError) as error:
+                logger.warning("cannot check for runs whose job was lost: %s", error)
+        return reconciled

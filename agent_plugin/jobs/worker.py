@@ -190,8 +190,7 @@ async def start_worker(
     queue = RunQueue(runtime.settings, runtime.runs, options)
     queue.attach(redis)
     upkeep_task = Upkeep(redis, runtime.runs, options)
-    if upkeep:
-        upkeep_task.start()
+    upkeep_task.start(fleet=upkeep)  # (every worker gives its heap's free pages back)
     watcher = ControlWatcher(redis, prefix=options.live_prefix)
     ctx[_WORKER_KEY] = _Worker(runtime, queue, watcher, StreamWriter(redis), upkeep_task)
     logger.info(
