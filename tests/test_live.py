@@ -412,6 +412,29 @@ async def test_one_writer_writes_the_streams_of_many_runs_in_one_call_each_in_or
     await writer.aclose()
 
 
+async def test_a_stream_redis_refuses_fails_alone_and_nothing_is_written_twice(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    writer = StreamWriter(redis, linger=0.05)
+    await redis.set(stream_key("broken", prefix), "not a stream")  # XADD: WRONGTYPE
+    runs = ["before", "broken", "after"]
+    sinks = [RunEventStream(redis, run, prefix=prefix).publisher(writer=writer) for run in runs]
+    for sink, run in zip(sinks, runs, strict=True):
+        for event in script_events(run, steps=1):
+            sink(event)
+    for sink in sinks:
+        await sink.aclose()
+    expected = [e.type for e in script_events("x", steps=1)]
+    for sink, run in zip(sinks, runs, strict=True):
+        if run == "broken":
+            assert sink.dropped == len(expected)
+            assert await redis.get(stream_key(run, prefix)) == b"not a stream"
+        else:
+            assert sink.dropped == 0
+            assert [e["type"] for _, e in await collect(redis, run, prefix)] == expected
+    await writer.aclose()
+
+
 async def test_closing_a_publisher_writes_at_once_without_the_linger(
     redis: aioredis.Redis, prefix: str
 ) -> None:

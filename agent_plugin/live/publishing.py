@@ -37,22 +37,29 @@ _ADD_EVENTS: Final = """
 -- KEYS: event streams; ARGV[k]: what to add to KEYS[k], fields joined by the unit separator
 -- (a character JSON text never holds): the stream's MAXLEN, then for each event its type,
 -- its JSON and what else it does: 'p' (PERSIST first: a resumed run's start), a TTL in
--- seconds (EXPIRE after: an end), or ''. Answers the entry ids, in order.
-local ids = {}
+-- seconds (EXPIRE after: an end), or ''. Answers, for each stream, the ids of its entries in
+-- order, or the error that stopped it (a key of another type, say): the others go on.
+local answers = {}
 for k = 1, #KEYS do
-  local key, fields = KEYS[k], {}
+  local key, fields, ids = KEYS[k], {}, {}
   for field in string.gmatch(ARGV[k] .. '\\31', '(.-)\\31') do
     fields[#fields + 1] = field
   end
   for i = 2, #fields, 3 do
     local also = fields[i + 2]
-    if also == 'p' then redis.call('PERSIST', key) end
-    ids[#ids + 1] = redis.call(
+    if also == 'p' then redis.pcall('PERSIST', key) end
+    local id = redis.pcall(
       'XADD', key, 'MAXLEN', '~', fields[1], '*', 'type', fields[i], 'data', fields[i + 1])
-    if also ~= '' and also ~= 'p' then redis.call('EXPIRE', key, also) end
+    if type(id) == 'table' and id.err then
+      ids = id.err
+      break
+    end
+    ids[#ids + 1] = id
+    if also ~= '' and also ~= 'p' then redis.pcall('EXPIRE', key, also) end
   end
+  answers[k] = ids
 end
-return ids
+return answers
 """
 """Adds the events of many streams in one command, one argument per stream: a command per
 event, or an argument per field, costs the writer microseconds each to pack."""
@@ -119,8 +126,14 @@ class RunEventStream:
             return []
         if self._script is None:
             self._script = self.redis.register_script(_ADD_EVENTS)
-        ids = await self._script(keys=[self.key], args=[self.packed(events)], client=self.redis)
-        return [_text(entry_id) for entry_id in ids]
+        (answer,) = await self._script(
+            keys=[self.key], args=[self.packed(events)], client=self.redis
+        )
+        if not isinstance(answer, list):
+            from redis.exceptions import ResponseError
+
+            raise ResponseError(_text(answer))
+        return [_text(entry_id) for entry_id in answer]
 
     def packed(self, events: list[AgentEvent]) -> str:
         """What the script adds to this stream for ``events``: redacted JSON each; a
@@ -182,7 +195,7 @@ class StreamWriter:
         """``publisher`` has events to write: write them in the next turn (``now``: at once,
         without the linger)."""
         self._waiting[publisher] = None
-        if self._task is None:
+        if self._task is None or self._task.done():  # (a task that died is replaced)
             self._task = asyncio.get_running_loop().create_task(self._drain())
         self._wake.set()
         if now:
@@ -211,8 +224,8 @@ class StreamWriter:
             while self._waiting:
                 turn = self._take_turn()
                 written = await self._send(turn)
-                for publisher, events in turn:
-                    publisher.taken_back(len(events), written)
+                for (publisher, events), done in zip(turn, written, strict=True):
+                    publisher.taken_back(len(events), done)
 
     def _take_turn(self) -> list[tuple[EventPublisher, list[AgentEvent]]]:
         turn: list[tuple[EventPublisher, list[AgentEvent]]] = []
@@ -226,29 +239,40 @@ class StreamWriter:
             turn.append((publisher, events))
         return turn
 
-    async def _send(self, turn: list[tuple[EventPublisher, list[AgentEvent]]]) -> bool:
-        if self._script is None:
-            self._script = self.redis.register_script(_ADD_EVENTS)
-        keys = [publisher.stream.key for publisher, _ in turn]
-        arguments = [publisher.stream.packed(events) for publisher, events in turn]
-        for delay in (*self.retry_delays, None):
-            try:
-                await self._script(keys=keys, args=arguments, client=self.redis)
-                return True
-            except Exception as error:
-                from redis.exceptions import RedisError  # loaded by now: the stream writes on it
+    async def _send(self, turn: list[tuple[EventPublisher, list[AgentEvent]]]) -> list[bool]:
+        """Write ``turn``; whether each publisher's events were written. An outage (a lost
+        connection, a timeout) is tried again; a stream Redis refuses (a key of another type,
+        say) fails alone, and nothing is written twice for it."""
+        from redis.exceptions import ConnectionError as Lost  # loaded by now: streams use it
+        from redis.exceptions import TimeoutError as TimedOut
 
-                if delay is None or not isinstance(error, RedisError | OSError | TimeoutError):
-                    for publisher, events in turn:
-                        logger.warning(
-                            "run %s: %d events not published: %s",
-                            publisher.stream.run_id,
-                            len(events),
-                            error,
-                        )
-                    return False
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable: the last attempt returns")
+        try:
+            if self._script is None:
+                self._script = self.redis.register_script(_ADD_EVENTS)
+            keys = [publisher.stream.key for publisher, _ in turn]
+            arguments = [publisher.stream.packed(events) for publisher, events in turn]
+            for delay in self.retry_delays:
+                try:
+                    answers = await self._script(keys=keys, args=arguments, client=self.redis)
+                    break
+                except (Lost, TimedOut, OSError, TimeoutError):
+                    await asyncio.sleep(delay)
+            else:
+                answers = await self._script(keys=keys, args=arguments, client=self.redis)
+        except Exception as error:
+            answers = [error] * len(turn)
+        written = []
+        for (publisher, events), answer in zip(turn, answers, strict=True):
+            written.append(isinstance(answer, list))
+            if not written[-1]:
+                refusal = _text(answer) if isinstance(answer, bytes | str) else answer
+                logger.warning(
+                    "run %s: %d events not published: %s",
+                    publisher.stream.run_id,
+                    len(events),
+                    refusal,
+                )
+        return written
 
 
 class EventPublisher:
