@@ -206,17 +206,28 @@ def _may_hold_pattern(text: str) -> bool:
     return "_" in text and ("gh" in text or "github_pat_" in text)
 
 
-def _may_hold_assignment(text: str) -> bool:
-    """False only if :data:`ASSIGNED_SECRET` cannot match ``text``.
-
-    Case-folded, every letter the pattern matches ignoring case is its ASCII letter, except the
-    dotless "ı" (which the pattern takes for "i"), hence the one replacement.
-    """
-    if ":" not in text and "=" not in text:
-        return False
+def _folded(text: str) -> str:
+    """``text`` case-folded so that every letter a rule matches ignoring case is its ASCII
+    letter: as ``casefold`` does, and the two "i"s it leaves apart (the dotless "ı", and the
+    dotted "İ", which folds to "i" and a combining dot) made plain "i"s, as the rules take
+    them."""
     folded = text.casefold()
     if "ı" in folded:
         folded = folded.replace("ı", "i")
+    if "\u0307" in folded:
+        folded = folded.replace("i\u0307", "i")
+    return folded
+
+
+def _may_hold_assignment(text: str) -> bool:
+    """False only if :data:`ASSIGNED_SECRET` cannot match ``text``.
+
+    Case-folded (:func:`_folded`), every letter the pattern matches ignoring case is its
+    ASCII letter.
+    """
+    if ":" not in text and "=" not in text:
+        return False
+    folded = _folded(text)
     return (
         "passw" in folded
         or "secret" in folded
@@ -396,9 +407,7 @@ def needs_no_redaction(document: str) -> bool:
         return False
     if _may_hold_pattern(document) and _SECRET_PATTERN.search(document):
         return False
-    folded = document.casefold()  # as in _may_hold_assignment: every letter the rules match
-    if "ı" in folded:  # ignoring case is then its ASCII letter (and "ı" an "i")
-        folded = folded.replace("ı", "i")
+    folded = _folded(document)  # every letter the rules match ignoring case is ASCII now
     if _ASSIGNMENT.search(folded):
         return False
     names = folded.replace("-", "").replace("_", "")

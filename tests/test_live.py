@@ -435,6 +435,38 @@ async def test_a_stream_redis_refuses_fails_alone_and_nothing_is_written_twice(
     await writer.aclose()
 
 
+async def test_text_that_is_not_unicode_is_published_escaped_beside_other_runs(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    # a tool's output decoded with surrogateescape: one run's odd string costs nobody events
+    writer = StreamWriter(redis, linger=0.05)
+    odd = ToolFinished(run_id="odd", call_id="c", name="n", content="x\udcff y password: hunter22")
+    sinks = {
+        run: RunEventStream(redis, run, prefix=prefix).publisher(writer=writer)
+        for run in ("odd", "fine")
+    }
+    sinks["odd"](odd)
+    sinks["fine"](TurnStarted(run_id="fine", step=1))
+    for sink in sinks.values():
+        await sink.aclose()
+    assert [sink.dropped for sink in sinks.values()] == [0, 0]
+    entries = await redis.xrange(stream_key("odd", prefix))
+    assert len(entries) == 1
+    published = json.loads(entries[0][1][b"data"])
+    assert published["content"] == f"x\udcff y password: {REDACTED}"
+    (entry,) = await redis.xrange(stream_key("fine", prefix))
+    assert entry[1][b"type"] == b"turn_start"
+    await writer.aclose()
+
+
+def test_numbers_json_cannot_hold_are_null_whichever_way_an_event_is_written() -> None:
+    for note in ("plain", "password: hunter22"):  # as written, and cleaned
+        event = ToolStarted(
+            run_id="r", call_id="c", name="n", arguments={"x": float("inf"), "n": note}
+        )
+        assert json.loads(public_json(event), parse_constant=pytest.fail)["arguments"]["x"] is None
+
+
 async def test_closing_a_publisher_writes_at_once_without_the_linger(
     redis: aioredis.Redis, prefix: str
 ) -> None:

@@ -337,6 +337,13 @@ def test_a_document_let_through_as_written_is_one_redaction_leaves_alone(value: 
                 assert redact_deep(parsed) == parsed, document
 
 
+def test_a_dotted_capital_i_is_an_i_for_the_assignment_rules() -> None:
+    # "İ".casefold() is "i" and a combining dot; the rules, ignoring case, take "İ" for "i"
+    assert redact_deep("config: prİvate_key=abc123") == f"config: prİvate_key={REDACTED}"
+    assert redact_deep("config: apİ_key=sk_live_abcdefgh1234") == f"config: apİ_key={REDACTED}"
+    assert not needs_no_redaction('{"c":"config: apİ_key=sk_live_abcdefgh1234"}')
+
+
 def test_ordinary_documents_go_out_as_written_and_the_rest_are_cleaned() -> None:
     usage = '{"type":"model_response","usage":{"input_tokens":3,"max_tokens":9},"text":"Hi: 4"}'
     assert needs_no_redaction(usage)

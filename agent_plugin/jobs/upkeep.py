@@ -53,7 +53,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or ``None`` on a C library without it (musl, macOS)."""
     try:  # the process's own symbols, the C library's among them
         trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    except Exception:  # no such call (OSError, AttributeError; TypeError where CDLL(None) is not)
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
@@ -65,7 +65,13 @@ def trim_native_heap() -> bool:
     which releases free memory inside the heap too, not only at its top (half a millisecond
     for a worker's heap). ``False`` where there is no such call, or nothing was released."""
     trim = _malloc_trim()
-    return bool(trim(0)) if trim is not None else False
+    if trim is None:
+        return False
+    try:
+        return bool(trim(0))
+    except Exception as error:  # never the upkeep's end
+        logger.warning("cannot give the C heap's free pages back: %s", error)
+        return False
 
 
 class Upkeep:

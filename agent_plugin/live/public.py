@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Final
 
 from pydantic import JsonValue
+from pydantic_core import to_json
 
 from agent_plugin.events import AgentEvent, TextDeltaEvent, ThinkingDeltaEvent
 from agent_plugin.redaction import ASSIGNED_SECRET, needs_no_redaction, redact_deep
@@ -32,11 +34,13 @@ def public_payload(event: AgentEvent) -> dict[str, JsonValue]:
 
 
 def public_json(event: AgentEvent) -> str:
-    """:func:`public_payload` as compact JSON text.
+    """:func:`public_payload` as compact JSON text (a number JSON cannot hold, infinite or
+    NaN, as ``null``).
 
     Most events hold nothing to redact: those are written once by pydantic and sent as
     written (:func:`~agent_plugin.redaction.needs_no_redaction` decides, on the text); the
-    rest are cleaned value by value. Either way the text parses to :func:`public_payload`.
+    rest are cleaned value by value. A string that is not valid Unicode (a lone surrogate)
+    is written escaped, so the text always encodes as UTF-8.
     """
     try:
         written = event.model_dump_json()
@@ -44,7 +48,22 @@ def public_json(event: AgentEvent) -> str:
         written = None
     if written is not None and needs_no_redaction(written):
         return written
-    return json.dumps(public_payload(event), ensure_ascii=False, separators=(",", ":"))
+    cleaned = public_payload(event)
+    try:
+        return to_json(cleaned, inf_nan_mode="null").decode()
+    except ValueError:  # a lone surrogate
+        return json.dumps(_finite(cleaned), separators=(",", ":"))  # ASCII: "\\udcff"
+
+
+def _finite(value: JsonValue) -> JsonValue:
+    """``value`` with its infinite and NaN numbers made ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 _WORD_BREAK: Final = re.compile(r"\s+")

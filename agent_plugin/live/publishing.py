@@ -240,39 +240,74 @@ class StreamWriter:
         return turn
 
     async def _send(self, turn: list[tuple[EventPublisher, list[AgentEvent]]]) -> list[bool]:
-        """Write ``turn``; whether each publisher's events were written. An outage (a lost
-        connection, a timeout) is tried again; a stream Redis refuses (a key of another type,
-        say) fails alone, and nothing is written twice for it."""
+        """Write ``turn``; whether each publisher's events were written.
+
+        Each stream stands alone: one whose events cannot be encoded, or that Redis refuses
+        (a key of another type), fails by itself. What an outage stopped (a lost connection,
+        a timeout) or a passing refusal (Redis out of memory, loading, a replica during a
+        failover) is tried again, for the streams not written yet. A reply lost after Redis
+        added the events makes the next try add them again: events are written at least
+        once.
+        """
         from redis.exceptions import ConnectionError as Lost  # loaded by now: streams use it
         from redis.exceptions import TimeoutError as TimedOut
 
-        try:
-            if self._script is None:
-                self._script = self.redis.register_script(_ADD_EVENTS)
-            keys = [publisher.stream.key for publisher, _ in turn]
-            arguments = [publisher.stream.packed(events) for publisher, events in turn]
-            for delay in self.retry_delays:
-                try:
-                    answers = await self._script(keys=keys, args=arguments, client=self.redis)
-                    break
-                except (Lost, TimedOut, OSError, TimeoutError):
-                    await asyncio.sleep(delay)
-            else:
-                answers = await self._script(keys=keys, args=arguments, client=self.redis)
-        except Exception as error:
-            answers = [error] * len(turn)
-        written = []
-        for (publisher, events), answer in zip(turn, answers, strict=True):
-            written.append(isinstance(answer, list))
-            if not written[-1]:
-                refusal = _text(answer) if isinstance(answer, bytes | str) else answer
+        if self._script is None:
+            self._script = self.redis.register_script(_ADD_EVENTS)
+        outcome: list[object] = [None] * len(turn)  # True, or why not
+        pending: dict[int, tuple[str, bytes]] = {}
+        for i, (publisher, events) in enumerate(turn):
+            try:
+                pending[i] = (publisher.stream.key, publisher.stream.packed(events).encode())
+            except Exception as error:  # (public_json never raises; an event type might)
+                outcome[i] = error
+        for delay in (*self.retry_delays, None):
+            if not pending:
+                break
+            tried = list(pending)
+            try:
+                answers = await self._script(
+                    keys=[pending[i][0] for i in tried],
+                    args=[pending[i][1] for i in tried],
+                    client=self.redis,
+                )
+            except (Lost, TimedOut, OSError, TimeoutError) as error:
+                answers = [error] * len(tried)
+            except Exception as error:  # a refusal of the whole call: not tried again
+                for i in tried:
+                    outcome[i] = error
+                break
+            for i, answer in zip(tried, answers, strict=True):
+                if isinstance(answer, list):
+                    outcome[i] = True
+                elif isinstance(answer, Exception) or _passing(answer):
+                    outcome[i] = answer
+                    continue  # tried again, if there is another try
+                else:
+                    outcome[i] = _text(answer)
+                del pending[i]
+            if delay is not None and pending:
+                await asyncio.sleep(delay)
+        written = [result is True for result in outcome]
+        for (publisher, events), result in zip(turn, outcome, strict=True):
+            if result is not True:
+                why = _text(result) if isinstance(result, bytes) else result
                 logger.warning(
                     "run %s: %d events not published: %s",
                     publisher.stream.run_id,
                     len(events),
-                    refusal,
+                    why,
                 )
         return written
+
+
+_PASSING: Final = (b"OOM", b"READONLY", b"LOADING", b"BUSY", b"TRYAGAIN", b"MASTERDOWN")
+"""Refusals that pass: the same write may succeed a moment later."""
+
+
+def _passing(refusal: object) -> bool:
+    text = refusal if isinstance(refusal, bytes) else str(refusal).encode()
+    return text.startswith(_PASSING)
 
 
 class EventPublisher:
