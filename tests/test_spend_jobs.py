@@ -51,6 +51,7 @@ async def test_two_workers_overshoot_a_scope_window_by_at_most_one_call_each(
 ) -> None:
     env = jobs_env(tmp_path)
     configure(Path(env.environ["AGENT_CONFIG_FILE"]), on_exhausted)
+    env.environ["JOBS_TEST_MAX_JOBS"] = str(RUNS // 2)  # neither worker can take every run
     workers = [
         WorkerProcess(env, name=f"worker{i}", settings="tests.spend_worker.WorkerSettings")
         for i in range(2)
