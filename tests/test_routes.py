@@ -39,7 +39,7 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, AppAg
         ),
     )
     app = FastAPI()
-    plugin.install(app, dependencies=[Depends(require_token)])
+    plugin.install(app, dependencies=[Depends(require_token)], runs_route=True)
     transport = httpx.ASGITransport(app=app)
     async with (
         app.router.lifespan_context(app),
@@ -199,3 +199,23 @@ async def test_the_start_up_line_says_where_everything_is_without_secrets(
     assert "hunter2" not in caplog.text
     assert runtime.describe() in line
     assert redact_text(f"the key is {key}.") == f"the key is {key}."  # closed: no longer known
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/agent/runs", {"prompt": "p", "session": "s", "branch": True}),
+        ("/agent/runs", {"prompt": "p", "session": "s", "branch": "2"}),
+        ("/agent/runs", {"prompt": "p", "session": "s", "branch": 2.5}),
+        ("/agent/sessions/s/branches", {"at": True}),
+        ("/agent/sessions/s/branches", {"at": "1"}),
+    ],
+)
+async def test_an_entry_number_must_be_a_json_integer(
+    served: tuple[httpx.AsyncClient, AppAgent], path: str, body: dict[str, Any]
+) -> None:
+    # the schema says integer: a boolean or a string is refused, not coerced to an entry
+    client, _ = served
+    answer = await client.post(path, json=body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["kind"] == "invalid"

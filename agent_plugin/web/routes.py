@@ -121,6 +121,7 @@ class RunRequest(BaseModel):
     branch: int | None = Field(
         default=None,
         ge=1,
+        strict=True,
         description="The session entry the run continues (a branch's leaf; default: the head)",
     )
     message_mode: MessageMode | None = Field(
@@ -140,7 +141,9 @@ class ForkRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    at: int = Field(ge=1, description="The entry the new branch follows", examples=[2])
+    at: int = Field(
+        ge=1, strict=True, description="The entry the new branch follows", examples=[2]
+    )
 
 
 SessionPath = Annotated[
