@@ -175,6 +175,9 @@ class Agent(Generic[AgentOutputT]):
         self._locked = False
         self._frozen_system: tuple[ChatMessage | None] | None = None
         """A locked agent's system message, rendered once (``None``: not rendered yet)."""
+        self._last_system: tuple[str, ChatMessage] | None = None
+        """The last system message rendered, with its text: a run whose prompt renders the same
+        text shares the message (one object, not one per run)."""
         self.budget = Budget(max_steps=max_steps, max_tokens=max_tokens, max_cost_usd=max_cost_usd)
         self.per_tool_output_limit = per_tool_output_limit
         self.temperature = temperature
@@ -397,4 +400,11 @@ class Agent(Generic[AgentOutputT]):
             sections.append(render_snapshot(await self.memory.load(self.memory_scope)))
         if self.output is not None and self.output.instructions is not None:
             sections.append(self.output.instructions)
-        return ChatMessage.system("\n\n".join(sections)) if sections else None
+        if not sections:
+            return None
+        text, last = "\n\n".join(sections), self._last_system
+        if last is not None and last[0] == text:
+            return last[1]  # messages are frozen: runs can share one
+        message = ChatMessage.system(text)
+        self._last_system = (text, message)
+        return message

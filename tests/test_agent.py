@@ -653,3 +653,21 @@ async def test_the_agent_runs_and_resumes_in_a_session() -> None:
         Role.TOOL,
         Role.ASSISTANT,
     ]
+
+
+async def test_runs_with_the_same_system_prompt_share_one_message() -> None:
+    # the rendered message is frozen: runs whose prompt renders the same text share it, and a
+    # prompt that changed (here the memory snapshot) is rendered anew
+    store = InMemoryMemoryStore()
+    remember = tool_call("memory", {"action": "add", "block": "user", "text": "likes tea"})
+    model = ScriptedModel(["one", "two", remember, "noted", "four"])
+    agent = Agent(model, system_prompt="Be kind.", memory=store, memory_scope="u1")
+    await agent.run("a")
+    await agent.run("b")
+    first, second = (r.messages[0] for r in model.requests[:2])
+    assert first is second
+    await agent.run("c")  # writes memory: the next run's prompt differs
+    await agent.run("d")
+    fourth = model.requests[4].messages[0]
+    assert fourth is not first
+    assert "likes tea" in fourth.text and "likes tea" not in first.text
