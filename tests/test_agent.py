@@ -670,4 +670,5 @@ async def test_runs_with_the_same_system_prompt_share_one_message() -> None:
     await agent.run("d")
     fourth = model.requests[4].messages[0]
     assert fourth is not first
-    assert "likes tea" in fourth.text and "likes tea" not in first.text
+    assert "likes tea" in fourth.text
+    assert "likes tea" not in first.text
