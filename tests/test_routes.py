@@ -209,6 +209,7 @@ async def test_the_start_up_line_says_where_everything_is_without_secrets(
         ("/agent/runs", {"prompt": "p", "session": "s", "branch": 2.5}),
         ("/agent/sessions/s/branches", {"at": True}),
         ("/agent/sessions/s/branches", {"at": "1"}),
+        ("/agent/sessions/s/branches", {"at": 1.5}),
     ],
 )
 async def test_an_entry_number_must_be_a_json_integer(
@@ -219,3 +220,14 @@ async def test_an_entry_number_must_be_a_json_integer(
     answer = await client.post(path, json=body)
     assert answer.status_code == 422, answer.text
     assert answer.json()["kind"] == "invalid"
+
+
+async def test_an_integral_number_is_an_entry_number(
+    served: tuple[httpx.AsyncClient, AppAgent],
+) -> None:
+    # JSON Schema counts 2.0 as an integer, so the schema's promise holds for it: the branch
+    # route answers as for 2 (the session has no entries here: 404, not 422)
+    client, _ = served
+    for at in (2, 2.0):
+        answer = await client.post("/agent/sessions/s/branches", json={"at": at})
+        assert answer.status_code == 404, answer.text

@@ -16,6 +16,7 @@ from fastapi.routing import APIRoute
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
@@ -110,6 +111,17 @@ RunIdPath = Annotated[
 """A run id in a path: an id that cannot be one is a 422, an unknown one a 404."""
 
 
+def _json_integer(value: object) -> object:
+    if isinstance(value, bool | str):
+        raise ValueError("must be a JSON integer")  # not true for 1, nor "2" for 2
+    return value
+
+
+EntryNumber = Annotated[int, Field(ge=1), BeforeValidator(_json_integer)]
+"""A session entry's number in a body: a JSON integer from 1 (``2``, or ``2.0``, which JSON
+Schema counts as one); a boolean, a string or a fraction is refused rather than coerced."""
+
+
 class RunRequest(BaseModel):
     """The body of ``POST {prefix}/runs``: a task to run in the background (and, with output
     types registered, ``output``: the name of the one the run must produce)."""
@@ -118,10 +130,8 @@ class RunRequest(BaseModel):
 
     prompt: Text = Field(min_length=1, max_length=32_000, examples=["Summarise today's tickets"])
     session: Id | None = Field(default=None, min_length=1, max_length=255)
-    branch: int | None = Field(
+    branch: EntryNumber | None = Field(
         default=None,
-        ge=1,
-        strict=True,
         description="The session entry the run continues (a branch's leaf; default: the head)",
     )
     message_mode: MessageMode | None = Field(
@@ -141,7 +151,7 @@ class ForkRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    at: int = Field(ge=1, strict=True, description="The entry the new branch follows", examples=[2])
+    at: EntryNumber = Field(description="The entry the new branch follows", examples=[2])
 
 
 SessionPath = Annotated[
