@@ -141,9 +141,7 @@ class ForkRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    at: int = Field(
-        ge=1, strict=True, description="The entry the new branch follows", examples=[2]
-    )
+    at: int = Field(ge=1, strict=True, description="The entry the new branch follows", examples=[2])
 
 
 SessionPath = Annotated[
