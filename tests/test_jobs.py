@@ -28,8 +28,10 @@ from arq.jobs import Job, JobStatus
 from arq.worker import Retry, create_worker
 from fastapi import FastAPI
 from pydantic import ValidationError
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from agent_plugin.cancellation import CancelToken
 from agent_plugin.config import AgentSettings
 from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.ids import new_run_id
@@ -46,12 +48,13 @@ from agent_plugin.jobs.args import checked_run_id
 from agent_plugin.jobs.keeper import Keeper
 from agent_plugin.jobs.redis import OutageRetry, loads
 from agent_plugin.jobs.upkeep import Upkeep
-from agent_plugin.live import stream_key
+from agent_plugin.live import ControlWatcher, RunControlChannel, stream_key
 from agent_plugin.messages import Role
 from agent_plugin.options import AgentOverrides
 from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.providers.scripted import ScriptedModel
 from agent_plugin.sessions import InMemorySessionStore, MessageEntry
+from agent_plugin.steering import Steering
 from agent_plugin.web import AgentPlugin, AppAgent
 from agent_plugin.web.health import AgentHealth
 from tests.jobs_app import (
@@ -902,6 +905,47 @@ async def test_a_live_delivery_keeps_its_claim_even_when_the_key_is_deleted(
         assert 0 < await redis_client.pttl(key) <= 300
     await redis_client.delete(key)
     assert renewals  # the run's lease in the database too
+
+
+async def test_a_delivery_cuts_its_claim_on_the_runs_first_look_at_its_control_channel(
+    redis_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one round trip at the start of a run, not two: the claim's cut rides on the transaction
+    # that reads the requests made before the run started (which still reach the run)
+    job_id = f"keeper-{time.monotonic_ns()}"
+    key = f"arq:in-progress:{job_id}"
+    prefix = f"agent-test-claim-{uuid.uuid4().hex[:8]}:"
+    await redis_client.psetex(key, 600_000, b"1")  # as arq's start_jobs leaves it
+    await RunControlChannel(redis_client, job_id, prefix=prefix).request_cancel("before")
+    await RunControlChannel(redis_client, job_id, prefix=prefix).send_steering("early")
+    watcher = ControlWatcher(redis_client, prefix=prefix, poll=30)
+    cancel, steering = CancelToken(), Steering()
+    sent = 0
+    send = AbstractConnection.send_packed_command
+
+    async def counted(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal sent
+        sent += 1
+        return await send(conn, *args, **kwargs)
+
+    async def no_lease() -> None:
+        return None
+
+    try:
+        await watcher.start()
+        keeper = Keeper(redis_client, job_id, 0.3, no_lease, claim_at_once=False)
+        async with keeper:
+            assert await redis_client.pttl(key) > 500_000  # left to the first look
+            with monkeypatch.context() as patched:
+                patched.setattr(AbstractConnection, "send_packed_command", counted)
+                async with watcher.watch(job_id, cancel, steering, also=keeper.cut_claim):
+                    assert sent == 1
+            assert 0 < await redis_client.pttl(key) <= 300
+        assert cancel.reason == "before"
+        assert [m.text for m in steering.drain()] == ["early"]
+    finally:
+        await watcher.aclose()
+        await redis_client.delete(key, f"{prefix}{job_id}:cancel", f"{prefix}{job_id}:steer")
 
 
 class RestartingRedis:

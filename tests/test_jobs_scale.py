@@ -26,7 +26,12 @@ from sqlalchemy.engine import make_url
 from agent_plugin.cancellation import CancelToken
 from agent_plugin.jobs import AGENT_RUN, JobOptions
 from agent_plugin.jobs.redis import dumps, loads, redis_settings
-from agent_plugin.jobs.scale import bound_connections, enqueue_job, read_startable_jobs
+from agent_plugin.jobs.scale import (
+    BoundedPool,
+    bound_connections,
+    enqueue_job,
+    read_startable_jobs,
+)
 from agent_plugin.live import ControlWatcher
 from agent_plugin.steering import Steering
 from tests.jobs_app import JobsEnv, WorkerProcess, jobs_env, make_app, make_plugin
@@ -252,6 +257,34 @@ async def test_bound_connections_share_a_few_connections_between_many_commands()
     finally:
         await client.aclose(close_connection_pool=True)
         await observer.aclose()
+
+
+async def test_a_bounded_pool_hands_a_free_connection_over_without_waiting() -> None:
+    # redis-py's blocking pool takes every connection under a condition and a timer; a worker's
+    # command that finds one free while no other waits takes it at once, and waiting commands
+    # still get the connections given back in turn, before any command that came later
+    client = aioredis.Redis.from_url(REDIS_URL)
+    try:
+        await bound_connections(client, 2)
+        pool = client.connection_pool
+        assert isinstance(pool, BoundedPool)
+        async with pool._condition:  # held: a command that went through the wait would hang
+            assert await asyncio.wait_for(client.ping(), 2)
+        held = [await pool.get_connection() for _ in range(2)]
+        waiting = asyncio.ensure_future(client.ping())
+        await asyncio.sleep(0.05)
+        later = asyncio.ensure_future(pool.get_connection())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # both taken: they wait
+        assert not later.done()
+        await pool.release(held.pop())
+        assert await asyncio.wait_for(waiting, 2)  # the first to wait is served first ...
+        held.append(await asyncio.wait_for(later, 2))  # ... and the later one after it
+        for connection in held:
+            await pool.release(connection)
+        assert await asyncio.wait_for(client.ping(), 2)
+    finally:
+        await client.aclose(close_connection_pool=True)
 
 
 async def test_the_watchers_periodic_check_carries_requests_to_every_run_in_one_go() -> None:

@@ -482,6 +482,35 @@ async def test_closing_a_publisher_writes_at_once_without_the_linger(
     await writer.aclose()
 
 
+async def test_events_that_arrive_while_a_turn_is_written_wait_for_the_next_linger(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    # a worker's runs publish all the time: a turn of their own for whatever arrived during
+    # the last write would make every turn two round trips
+    gated = GatedRedis(redis)
+    writer = StreamWriter(gated, linger=3600.0)  # type: ignore[arg-type]
+    first, second = (
+        RunEventStream(gated, run, prefix=prefix).publisher(writer=writer)  # type: ignore[arg-type]
+        for run in ("first", "second")
+    )
+    first(RunStarted(run_id="first"))
+    closing = asyncio.ensure_future(first.aclose())  # a turn at once, stuck in Redis
+    await asyncio.sleep(0.05)
+    second(RunStarted(run_id="second"))  # arrives while that turn is written
+    gated.gate.set()
+    async with asyncio.timeout(5):
+        await closing
+    await asyncio.sleep(0.2)
+    assert gated.writes == 1  # the second run's event waits for the linger (or its close)
+    assert second.waiting == 1
+    async with asyncio.timeout(5):
+        await second.aclose()
+    assert gated.writes == 2
+    (entry,) = await redis.xrange(stream_key("second", prefix))
+    assert entry[1][b"type"] == b"run_start"
+    await writer.aclose()
+
+
 def test_a_writer_and_its_publishers_share_one_redis(redis: aioredis.Redis) -> None:
     other = aioredis.Redis.from_url("redis://127.0.0.1:1/0")
     with pytest.raises(AgentError, match="writer must write on its stream's Redis"):

@@ -7,7 +7,8 @@ Redis or the database out of reach) or :class:`Superseded` (another delivery hol
 come back later, touching nothing). The worker turns it into arq's answer in one place.
 
 While the delivery runs, a :class:`~agent_plugin.jobs.keeper.Keeper` renews arq's claim on the
-job and the run's lease in the database. A run of a session starts when its turn comes, as
+job and the run's lease in the database (the claim's first cut to the lease rides on the run's
+first look at its control channel). A run of a session starts when its turn comes, as
 the database says (which refuses to start two runs of a session at once).
 """
 
@@ -182,6 +183,10 @@ class Attempt:
         """How far the run is, as its record says (set once it is driven)."""
         self.journal: LeasedRunJournal | None = None
         """The run's journal (set once it is driven): its writes renew the lease too."""
+        self.keeper: Keeper | None = None
+        """What renews arq's claim and the run's lease while the delivery runs: it cuts the
+        claim to the lease on the run's first look at its control channel (see :meth:`_drive`),
+        one round trip for both."""
 
     async def run(self) -> Verdict:
         """Deliver the job once, and report how the run ended when it has delivery on.
@@ -198,7 +203,10 @@ class Attempt:
                     await self.publisher.aclose()
 
     async def _run(self) -> Verdict:
-        async with Keeper(self.redis, self.job_id, self.options.lease, self._renew_lease):
+        keeper = self.keeper = Keeper(
+            self.redis, self.job_id, self.options.lease, self._renew_lease, claim_at_once=False
+        )
+        async with keeper:
             try:
                 try:
                     stored, started = await self._open()
@@ -713,7 +721,12 @@ class Attempt:
             live = self.live = _Live(CancelToken(), self._steering(args, stack), sink)
             try:
                 await stack.enter_async_context(
-                    self.watcher.watch(self.run_id, live.cancel, live.steering)
+                    self.watcher.watch(
+                        self.run_id,
+                        live.cancel,
+                        live.steering,
+                        also=self.keeper.cut_claim if self.keeper is not None else None,
+                    )
                 )
             except (RedisError, OSError, TimeoutError) as error:
                 logger.warning("run %s: cannot watch its control channel: %s", self.run_id, error)

@@ -4,7 +4,8 @@
 a ``WATCH`` transaction of three round trips. :func:`read_startable_jobs` makes a worker's poll
 read only the due jobs nobody runs (arq reads running ones too and checks each in a transaction
 of its own, which with hundreds of runs per worker costs thousands of round trips a second).
-:func:`bound_connections` gives a client a blocking pool of at most ``limit`` connections.
+:func:`bound_connections` gives a client a blocking pool of at most ``limit`` connections
+(:class:`BoundedPool`: a command that finds one free takes it without the pool's wait).
 Sizing a worker: ``docs/operations/deployment.md``."""
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
 from arq.jobs import serialize_job
 from arq.utils import timestamp_ms
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 
-__all__ = ["bound_connections", "enqueue_job", "read_startable_jobs"]
+__all__ = ["BoundedPool", "bound_connections", "enqueue_job", "read_startable_jobs"]
 
 logger = logging.getLogger("agent_plugin.jobs")
 
@@ -116,14 +118,61 @@ def read_startable_jobs(redis: ArqRedis, queue_name: str) -> None:
     redis.zrangebyscore = zrangebyscore  # type: ignore[method-assign]
 
 
+_CAN_TAKE_AT_ONCE: Final = all(
+    hasattr(BlockingConnectionPool, name)
+    for name in ("can_get_connection", "get_available_connection", "ensure_connection")
+)
+"""Whether redis-py's pools take connections as :class:`BoundedPool` expects (redis 5.0.1 and
+later): on an older one every command goes through the blocking pool's wait."""
+
+
+class BoundedPool(BlockingConnectionPool):
+    """redis-py's blocking pool, with a way around its wait when there is nothing to wait for.
+
+    redis-py's pool takes every connection, and gives every one back, under a condition
+    variable and a timeout (a timer scheduled and cancelled), a dozen microseconds per
+    command, although a worker's commands almost always find a connection free. Here a
+    command that finds one free while no other command waits takes it at once (the look and
+    the take have no ``await`` between them, so no other task comes between either); only when
+    commands wait does it queue behind them through the blocking pool, and a connection given
+    back while some wait wakes one of them as before.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiting = 0
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> AbstractConnection:
+        if not _CAN_TAKE_AT_ONCE or self._waiting or not self.can_get_connection():
+            self._waiting += 1
+            try:
+                waited: AbstractConnection = await super().get_connection(*args, **kwargs)
+                return waited
+            finally:
+                self._waiting -= 1
+        connection: AbstractConnection = self.get_available_connection()  # type: ignore[no-untyped-call]
+        try:
+            await self.ensure_connection(connection)
+        except BaseException:
+            await self.release(connection)
+            raise
+        return connection
+
+    async def release(self, connection: AbstractConnection) -> None:
+        if not _CAN_TAKE_AT_ONCE or self._waiting:  # under the condition, waking a waiter
+            await super().release(connection)
+        else:
+            await ConnectionPool.release(self, connection)
+
+
 async def bound_connections(redis: Redis, limit: int, *, wait: int = 20) -> None:
-    """Give ``redis`` a blocking pool of at most ``limit`` connections (the same connection
-    settings), so its concurrent commands share them: a command waits up to ``wait``
-    seconds for a free one. The connections of the pool it had are closed."""
+    """Give ``redis`` a :class:`BoundedPool` of at most ``limit`` connections (the same
+    connection settings), so its concurrent commands share them: a command waits up to
+    ``wait`` seconds for a free one. The connections of the pool it had are closed."""
     old = redis.connection_pool
-    if isinstance(old, BlockingConnectionPool) and old.max_connections == limit:
+    if isinstance(old, BoundedPool) and old.max_connections == limit:
         return
-    redis.connection_pool = BlockingConnectionPool(
+    redis.connection_pool = BoundedPool(
         max_connections=limit,
         timeout=wait,
         connection_class=old.connection_class,

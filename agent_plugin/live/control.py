@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
+from redis.asyncio.client import Pipeline, PubSub
 from redis.exceptions import RedisError
 
 from agent_plugin.cancellation import CancelToken, stop_task
@@ -27,6 +27,10 @@ from agent_plugin.live.streams import DEFAULT_PREFIX
 from agent_plugin.steering import MESSAGE_MODES, MessageMode, Steering, queue_full
 
 logger = logging.getLogger("agent_plugin.live")
+
+AlsoQueue = Callable[[Pipeline], object]
+"""Queues commands of the caller's own on a run's first look at its control channel (the
+same transaction: no round trip of their own); their replies are not read."""
 
 
 # --- cancel and steer across workers ---------------------------------------------------------
@@ -91,19 +95,25 @@ class RunControlChannel:
         """``count`` messages joined the run: they no longer count against the bound."""
         await self.redis.decrby(self.queued_key, count)
 
-    async def apply(self, cancel: CancelToken, steering: Steering | None) -> None:
+    async def apply(
+        self, cancel: CancelToken, steering: Steering | None, *, also: AlsoQueue | None = None
+    ) -> None:
         """Carry pending requests over to a local token and steering queue, in one round trip
-        (the cancel request read, the steering messages taken)."""
+        (the cancel request read, the steering messages taken); ``also`` queues commands of
+        the caller's own in the same transaction, before those."""
         ask_cancel = not cancel.cancelled
-        if not ask_cancel and steering is None:
+        if not ask_cancel and steering is None and also is None:
             return
         pipe = self.redis.pipeline(transaction=True)
+        if also is not None:
+            also(pipe)
+        theirs = len(pipe)
         if ask_cancel:
             pipe.get(self.cancel_key)
         if steering is not None:
             pipe.lrange(self.steer_key, 0, -1)
             pipe.delete(self.steer_key)
-        replies = await pipe.execute()
+        replies = (await pipe.execute())[theirs:]
         if ask_cancel and replies[0] is not None:
             cancel.cancel(_text(replies[0]))
         if steering is not None:
@@ -120,8 +130,8 @@ class _Watched:
     cancel: CancelToken
     steering: Steering | None
 
-    async def apply(self) -> None:
-        await self.channel.apply(self.cancel, self.steering)
+    async def apply(self, also: AlsoQueue | None = None) -> None:
+        await self.channel.apply(self.cancel, self.steering, also=also)
 
 
 async def _apply_all(redis: Redis, targets: list[_Watched]) -> None:
@@ -193,18 +203,25 @@ class ControlWatcher:
 
     @asynccontextmanager
     async def watch(
-        self, run_id: str, cancel: CancelToken, steering: Steering | None = None
+        self,
+        run_id: str,
+        cancel: CancelToken,
+        steering: Steering | None = None,
+        *,
+        also: AlsoQueue | None = None,
     ) -> AsyncIterator[RunControlChannel]:
         """While inside, cancel and steering requests for ``run_id`` reach ``cancel`` and
         ``steering``: what was requested before is taken first (a cancel that came before the
-        worker started), then each request as its notice arrives."""
+        worker started), then each request as its notice arrives. ``also`` queues commands
+        of the caller's own on that first look (see :meth:`RunControlChannel.apply`): a
+        worker's delivery cuts its job's claim there."""
         await self.start()
         watched = _Watched(
             RunControlChannel(self.redis, run_id, prefix=self.prefix), cancel, steering
         )
         self._runs.setdefault(run_id, []).append(watched)
         try:
-            await watched.apply()
+            await watched.apply(also)
             yield watched.channel
         finally:
             others = [w for w in self._runs.pop(run_id, []) if w is not watched]

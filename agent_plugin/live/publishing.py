@@ -171,10 +171,12 @@ class StreamWriter:
     A turn starts ``linger`` seconds after the first event that waits (at once when a
     publisher closes), takes what every waiting publisher holds (up to 100 events of each,
     1000 in all) and adds it all in one script call: a worker running many runs at once makes
-    one round trip for all of them, not one per run and step. A write that fails is retried a
-    few times (:attr:`retry_delays`), then its events are dropped with a warning, counted by
-    each publisher. Every publisher of a writer publishes on its :attr:`redis` (a single Redis
-    or a primary: the streams of a turn are written by one script).
+    one round trip for all of them, not one per run and step. Events that arrive while a turn
+    is written wait for the next linger too (what a turn's bounds left behind does not). A
+    write that fails is retried a few times (:attr:`retry_delays`), then its events are
+    dropped with a warning, counted by each publisher. Every publisher of a writer publishes
+    on its :attr:`redis` (a single Redis or a primary: the streams of a turn are written by
+    one script).
     """
 
     def __init__(self, redis: Redis, *, linger: float = LINGER) -> None:
@@ -221,11 +223,12 @@ class StreamWriter:
                 timer.cancel()
             self._wake.clear()
             self._now.clear()
-            while self._waiting:
-                turn = self._take_turn()
-                written = await self._send(turn)
-                for (publisher, events), done in zip(turn, written, strict=True):
-                    publisher.taken_back(len(events), done)
+            turn = self._take_turn()
+            if self._waiting:  # a turn's bounds left events behind: they go next, at once
+                self._now.set()
+            written = await self._send(turn)
+            for (publisher, events), done in zip(turn, written, strict=True):
+                publisher.taken_back(len(events), done)
 
     def _take_turn(self) -> list[tuple[EventPublisher, list[AgentEvent]]]:
         turn: list[tuple[EventPublisher, list[AgentEvent]]] = []
