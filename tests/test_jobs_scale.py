@@ -287,6 +287,29 @@ async def test_a_bounded_pool_hands_a_free_connection_over_without_waiting() -> 
         await client.aclose(close_connection_pool=True)
 
 
+async def test_the_periodic_check_keeps_a_messages_mode() -> None:
+    """A message stored with its mode (as ``send_steering`` stores it) whose notice was lost
+    joins the run by its mode when the periodic check finds it, as it does when the notice
+    comes: a follow-up waits for the run's end, it does not steer."""
+    prefix = f"scale-test-{uuid.uuid4().hex[:8]}:run:"
+    client = aioredis.Redis.from_url(REDIS_URL)
+    watcher = ControlWatcher(client, prefix=prefix, poll=0.1)
+    steering = Steering()
+    stored = json.dumps(["agent-message", "followup", "and then the summary"])
+    try:
+        async with watcher.watch("run1", CancelToken(), steering):
+            await client.rpush(f"{prefix}run1:steer", stored)
+            deadline = time.monotonic() + 10
+            while not steering.following and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        assert not steering.pending
+        assert [m.text for m in steering.take_followup()] == ["and then the summary"]
+    finally:
+        await watcher.aclose()
+        await client.delete(f"{prefix}run1:steer")
+        await client.aclose()
+
+
 async def test_the_watchers_periodic_check_carries_requests_to_every_run_in_one_go() -> None:
     """Requests whose notice was lost (stored, never published) reach each watched run at
     the next periodic check, and only the runs they are for."""

@@ -114,12 +114,8 @@ class RunControlChannel:
             pipe.lrange(self.steer_key, 0, -1)
             pipe.delete(self.steer_key)
         replies = (await pipe.execute())[theirs:]
-        if ask_cancel and replies[0] is not None:
-            cancel.cancel(_text(replies[0]))
-        if steering is not None:
-            for item in replies[-2]:
-                text, mode = _message(item)
-                steering.send(text, mode)
+        reason = replies[0] if ask_cancel else None
+        _carry(cancel, steering, reason, replies[-2] if steering is not None else [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +147,26 @@ async def _apply_all(redis: Redis, targets: list[_Watched]) -> None:
     replies = iter(await pipe.execute())
     for watched in asking:
         reason = next(replies)
-        if reason is not None and not watched.cancel.cancelled:
-            watched.cancel.cancel(_text(reason))
+        messages = [] if watched.steering is None else next(replies)
         if watched.steering is not None:
-            for text in next(replies):
-                watched.steering.send(_text(text))
-            next(replies)
+            next(replies)  # the DEL's count
+        _carry(watched.cancel, watched.steering, reason, messages)
+
+
+def _carry(
+    cancel: CancelToken,
+    steering: Steering | None,
+    reason: bytes | str | None,
+    messages: list[bytes | str],
+) -> None:
+    """What one check of a run's channel read, carried to the run: the cancel request's reason
+    (``None``: none), and the steering messages taken, each with its mode."""
+    if reason is not None and not cancel.cancelled:
+        cancel.cancel(_text(reason))
+    if steering is not None:
+        for item in messages:
+            text, mode = _message(item)
+            steering.send(text, mode)
 
 
 class ControlWatcher:
