@@ -61,6 +61,7 @@ from agent_plugin.live import (
     stream_key,
     watch,
 )
+from agent_plugin.live.publishing import _TURN_MAX, _WRITE_BATCH
 from agent_plugin.messages import ChatMessage, Role, StopReason, TextPart, TokenUsage
 from agent_plugin.options import RunOptions
 from agent_plugin.outcomes import Cancelled, Completed
@@ -508,6 +509,31 @@ async def test_events_that_arrive_while_a_turn_is_written_wait_for_the_next_ling
     assert gated.writes == 2
     (entry,) = await redis.xrange(stream_key("second", prefix))
     assert entry[1][b"type"] == b"run_start"
+    await writer.aclose()
+
+
+async def test_a_turn_filled_to_the_brim_leaves_no_run_waiting(
+    redis: aioredis.Redis, prefix: str
+) -> None:
+    # the turn's bound is reached exactly by publishers that gave all they held: the runs it
+    # left out still go next, with no other event to wake the writer
+    writer = StreamWriter(redis, linger=0.02)
+    full = [
+        RunEventStream(redis, f"brim{i}", prefix=prefix).publisher(writer=writer)
+        for i in range(_TURN_MAX // _WRITE_BATCH)
+    ]
+    late = RunEventStream(redis, "late", prefix=prefix).publisher(writer=writer)
+    for i, sink in enumerate(full):
+        for step in range(_WRITE_BATCH):
+            sink(TurnStarted(run_id=f"brim{i}", step=step + 1))
+    late(TurnStarted(run_id="late", step=1))
+    for _ in range(500):  # a turn, then the next one at once
+        if await redis.exists(stream_key("late", prefix)):
+            break
+        await asyncio.sleep(0.01)
+    assert late.waiting == 0
+    for sink in [*full, late]:
+        await sink.aclose()
     await writer.aclose()
 
 

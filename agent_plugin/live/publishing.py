@@ -225,6 +225,7 @@ class StreamWriter:
             self._now.clear()
             turn = self._take_turn()
             if self._waiting:  # a turn's bounds left events behind: they go next, at once
+                self._wake.set()  # (the publishers left out may have nothing else to wake it)
                 self._now.set()
             written = await self._send(turn)
             for (publisher, events), done in zip(turn, written, strict=True):
