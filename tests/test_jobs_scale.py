@@ -261,8 +261,8 @@ async def test_bound_connections_share_a_few_connections_between_many_commands()
 
 async def test_a_bounded_pool_hands_a_free_connection_over_without_waiting() -> None:
     # redis-py's blocking pool takes every connection under a condition and a timer; a worker's
-    # command that finds one free while no other waits takes it at once, and waiting commands
-    # still get the connections given back in turn, before any command that came later
+    # command that finds one free while no other waits takes it at once, and while commands
+    # wait, a connection given back goes to them (here: the first, then the later one)
     client = aioredis.Redis.from_url(REDIS_URL)
     try:
         await bound_connections(client, 2)

@@ -133,9 +133,11 @@ class BoundedPool(BlockingConnectionPool):
     variable and a timeout (a timer scheduled and cancelled), a dozen microseconds per
     command, although a worker's commands almost always find a connection free. Here a
     command that finds one free while no other command waits takes it at once (the look and
-    the take have no ``await`` between them, so no other task comes between either); only when
-    commands wait does it queue behind them through the blocking pool, and a connection given
-    back while some wait wakes one of them as before.
+    the take have no ``await`` between them, so no other task comes between either); while
+    commands wait, every command goes through the blocking pool, and a connection given back
+    wakes one of them, as before. That pool is not strictly first come, first served (a command
+    asking as a connection comes back may take it before the woken one), and this fast path
+    keeps it no worse: it takes nothing while anyone waits.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
