@@ -239,14 +239,21 @@ class HttpTransport:
             raise AgentError.config(f"{provider} base_url is not a valid URL: {exc}") from None
         common = httpx.Headers(_DEFAULT_HEADERS)
         common.update(headers)  # names compare case-insensitively, as AsyncClient merged them
+        secrets = [secret] if secret else []
         if url.userinfo:  # user:password@ in the URL is Basic auth, as httpx reads it
             if "authorization" not in common:
                 pair = f"{url.username}:{url.password}".encode()
-                common["authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+                token = base64.b64encode(pair).decode("ascii")
+                common["authorization"] = "Basic " + token
+                # a server that echoes the header back must not get the password into an
+                # error: registered, it is redacted by value, but not in its base64 form, and
+                # a short pair's token is too short for the pattern of Basic values
+                if url.password:
+                    secrets.append(token)
             url = url.copy_with(username=None, password=None)
         self.base_url = str(url)
         self.retry = retry
-        self._secret = secret
+        self._secrets = tuple(secrets)
         if transport is None:
             from agent_plugin.providers.aiohttp_engine import default_transport
 
@@ -396,7 +403,7 @@ class HttpTransport:
         try:
             return json.loads(data)
         except _JSON_ERRORS as exc:
-            text = scrub(_text(data, headers).strip(), self._secret)
+            text = self._scrub(_text(data, headers).strip())
             raise AgentError(
                 ErrorKind.DECODE,
                 f"{self.provider} answered {status} with a body that is not JSON"
@@ -412,12 +419,13 @@ class HttpTransport:
         The same error when there is nothing to remove. A body cut at its length limit may end
         in the first part of the secret; that part goes too.
         """
-        secret = self._secret
-        if not secret:
+        if not self._secrets:
             return error
-        message, body = _scrub_cut(error.message, secret), error.body
-        if body is not None:
-            body = _scrub_cut(body, secret)
+        message, body = error.message, error.body
+        for secret in self._secrets:
+            message = _scrub_cut(message, secret)
+            if body is not None:
+                body = _scrub_cut(body, secret)
         if message == error.message and body == error.body:
             return error
         return AgentError(
@@ -429,11 +437,18 @@ class HttpTransport:
             body=body,
         )
 
+    def _scrub(self, text: str) -> str:
+        """``text`` without the transport's secrets (the key, the Basic token of the URL's
+        password) and the known ones."""
+        for secret in self._secrets:
+            text = scrub(text, secret)
+        return text if self._secrets else scrub(text, None)
+
     def _status_error(self, status: int, body: str, headers: Mapping[str, str]) -> AgentError:
         """The error for a non-2xx answer: "<provider> answered <status>: <≤500 chars of body>",
         of the kind the status and the body say together (:func:`failure_kind`), with a note
         on what that kind means when it has one."""
-        text = scrub(body.strip(), self._secret)
+        text = self._scrub(body.strip())
         kind = failure_kind(status, text)
         note = failure_note(kind)
         message = f"{self.provider} answered {status}" + (f" ({note})" if note else "")
@@ -450,7 +465,7 @@ class HttpTransport:
     def _transport_error(self, exc: httpx.HTTPError) -> AgentError:
         kind = ErrorKind.DECODE if isinstance(exc, httpx.DecodingError) else ErrorKind.TRANSPORT
         what = type(exc).__name__
-        detail = scrub(str(exc), self._secret)
+        detail = self._scrub(str(exc))
         message = f"{self.provider} request failed ({what})" + (f": {detail}" if detail else "")
         return AgentError(kind, message, provider=self.provider)
 
