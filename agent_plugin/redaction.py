@@ -3,7 +3,8 @@ stored. Every function replaces what it finds with :data:`REDACTED` and never ra
 
 :func:`redact_text` (known values and credential-looking substrings), :func:`redact` (a JSON
 value for in-process events), :func:`redact_deep` (the stricter cleaning of what is published
-or stored: JSON held in strings, ``password: ...`` assignments) and :func:`scrub` (one given
+or stored: JSON held in strings, ``password: ...`` assignments), :func:`redact_message` (one
+text by those rules: an error's message on its way out) and :func:`scrub` (one given
 secret, in an error message). :class:`RedactingFilter` (:func:`redact_logs`) cleans log records;
 :func:`mask_url` and :func:`url_password` handle the password of a URL.
 
@@ -39,6 +40,7 @@ __all__ = [
     "redact",
     "redact_deep",
     "redact_logs",
+    "redact_message",
     "redact_text",
     "register_secret",
     "registered_secrets",
@@ -483,9 +485,16 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def _text(text: str) -> str:
+def redact_message(text: str) -> str:
+    """``text`` cleaned as :func:`redact_deep` cleans a string: what leaves the process as
+    text (an error in a problem response, a health report, a span, a log line) gets the rules
+    of what is published or stored, ``password: ...`` and ``"api_key": "..."`` included, not
+    only :func:`redact_text`'s patterns."""
     cleaned = redact_deep(text)
     return cleaned if isinstance(cleaned, str) else text
+
+
+_text = redact_message
 
 
 def redact_logs(*targets: logging.Logger | logging.Handler | str) -> None:

@@ -39,7 +39,7 @@ from agent_plugin.outcomes import (
     Rejected,
 )
 from agent_plugin.pricing import Prices
-from agent_plugin.redaction import redact_deep
+from agent_plugin.redaction import redact_deep, redact_message
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -683,12 +683,11 @@ def _links(carrier: Mapping[str, str] | None) -> list[Any]:
 
 
 def _cleaned(text: str) -> str:
-    """``text`` as :func:`~agent_plugin.redaction.redact_deep` cleans what is published: spans
-    leave the process like events do, so they get the same rules (JSON held in the string,
+    """``text`` as :func:`~agent_plugin.redaction.redact_message` cleans it: spans leave the
+    process like events do, so they get the same rules (JSON held in the string,
     ``password: ...`` assignments), not only the credential patterns of ``redact_text``, which
     let a tool's ``{"password": ...}`` result or a ``password: ...`` error through."""
-    cleaned = redact_deep(text)
-    return cleaned if isinstance(cleaned, str) else text
+    return redact_message(text)
 
 
 def _failed(span: Span, error: BaseException) -> str:

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.redaction import redact_deep, redact_text
+from agent_plugin.redaction import redact_deep, redact_message, redact_text
 
 __all__ = [
     "PROBLEM_MEDIA_TYPE",
@@ -93,12 +93,13 @@ def problem(
 ) -> JSONResponse:
     """A problem response: ``status`` with the ``type``, ``title`` and ``kind`` of ``kind``.
 
-    ``detail`` is redacted (it may repeat what a client sent, such as a call id)."""
+    ``detail`` is redacted as published text is (it may repeat what a client sent, such as a
+    call id, or what a provider answered: ``password: ...`` too)."""
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_PREFIX + kind.value,
         "title": kind.display_name,
         "status": status,
-        "detail": redact_text(detail),
+        "detail": redact_message(detail),
         "kind": kind.value,
         **{key: value for key, value in fields.items() if value is not None},
     }
