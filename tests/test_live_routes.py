@@ -177,6 +177,57 @@ async def test_a_background_runs_events_arrive_in_order_and_resume_after_last_ev
     assert status == 422  # the schema says what an event id looks like
 
 
+async def _stream_for(
+    client: httpx.AsyncClient, run_id: str, last: str, seconds: float
+) -> tuple[str, bool]:
+    """What the run's event stream from ``last`` sent within ``seconds``, and whether it
+    ended by then."""
+    chunks: list[str] = []
+
+    async def read() -> None:
+        headers = {"last-event-id": last}
+        async with client.stream("GET", f"/agent/runs/{run_id}/events", headers=headers) as got:
+            async for chunk in got.aiter_text():
+                chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), seconds)
+    except TimeoutError:
+        return "".join(chunks), False
+    return "".join(chunks), True
+
+
+async def test_an_event_id_past_what_redis_holds_is_no_outage(
+    client: httpx.AsyncClient,
+) -> None:
+    """The schema takes 20 digits a part; Redis refuses a part past 2**64 - 1, and the reader
+    got an ``unavailable`` error event for it, as if Redis were down."""
+    run_id = await start(client, plan(rounds=[[["effect", "a"]]], tool_delay=1.0))
+    await wait_for(client, run_id, {"in_progress"})
+    text, _ = await _stream_for(client, run_id, "99999999999999999999-0", 3.0)
+    assert "Invalid stream ID" not in text
+    assert "event: error" not in text
+    await wait_for(client, run_id, {"complete"})
+    status, _ = await events(client, run_id, last="99999999999999999999-99999999999999999999")
+    assert status == 204  # past every entry: it has seen the end
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="live/streams.py: a reader past the stream's last entry of a running run never "
+    "ends: _missing_end_id gives no end to a cursor past the last entry, and read_events "
+    "waits on (checking the record every check_every seconds) after the run has ended",
+)
+async def test_a_reader_past_the_last_entry_of_a_running_run_ends_with_the_run(
+    client: httpx.AsyncClient,
+) -> None:
+    run_id = await start(client, plan(rounds=[[["effect", "a"]]], tool_delay=1.0))
+    await wait_for(client, run_id, {"in_progress"})
+    last = f"{2**64 - 1}-{2**64 - 1}"  # an id the schema accepts, past every entry
+    _, ended = await _stream_for(client, run_id, last, 20.0)
+    assert ended, "the stream went on after the run ended"
+
+
 async def test_events_of_an_unknown_run_are_404(client: httpx.AsyncClient) -> None:
     response = await client.get("/agent/runs/run_nosuchrun/events")
     assert response.status_code == 404
