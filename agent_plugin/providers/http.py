@@ -242,8 +242,7 @@ class HttpTransport:
         secrets = [secret] if secret else []
         if url.userinfo:  # user:password@ in the URL is Basic auth, as httpx reads it
             if "authorization" not in common:
-                pair = f"{url.username}:{url.password}".encode()
-                token = base64.b64encode(pair).decode("ascii")
+                token = _basic_token(url)
                 common["authorization"] = "Basic " + token
                 # a server that echoes the header back must not get the password into an
                 # error: registered, it is redacted by value, but not in its base64 form, and
@@ -253,11 +252,15 @@ class HttpTransport:
             url = url.copy_with(username=None, password=None)
         self.base_url = str(url)
         self.retry = retry
-        self._secrets = tuple(secrets)
         if transport is None:
             from agent_plugin.providers.aiohttp_engine import default_transport
+            from agent_plugin.providers.proxies import environment_proxy
 
             transport = default_transport(self.base_url, limits=limits)
+            # the proxy's credentials travel as Proxy-Authorization (with every request, for
+            # an http:// base URL), and a proxy's 407 may echo them; no one registered them
+            secrets += _proxy_secrets(environment_proxy(self.base_url))
+        self._secrets = tuple(secrets)
         post = httpx.Headers(common)
         post["content-type"] = "application/json"
         sse = httpx.Headers(post)
@@ -546,6 +549,26 @@ def _scrub_cut(text: str, secret: str) -> str:
         if text.endswith(secret[:size]):
             return text[:-size] + REDACTED
     return text
+
+
+def _basic_token(url: httpx.URL) -> str:
+    """The Basic credentials of ``url``'s user and password, as httpx and aiohttp send them."""
+    return base64.b64encode(f"{url.username}:{url.password}".encode()).decode("ascii")
+
+
+def _proxy_secrets(proxy: str | None) -> list[str]:
+    """What to scrub of a proxy URL's credentials: its password and their Basic token (each
+    when at least :data:`_MIN_CUT_SECRET` long, so common text is never scrubbed)."""
+    if proxy is None:
+        return []
+    try:
+        url = httpx.URL(proxy)
+    except httpx.InvalidURL:
+        return []
+    if not url.password:
+        return []
+    found = [url.password, _basic_token(url)]
+    return [value for value in found if len(value) >= _MIN_CUT_SECRET]
 
 
 def _encode(body: Mapping[str, Any] | bytes) -> bytes:

@@ -919,6 +919,34 @@ async def test_the_default_engine_sends_proxy_credentials_from_the_environment(
     assert request.headers["proxy-authorization"] == "Basic bWU6czpjcmV0"  # me:s:cret
 
 
+async def test_proxy_credentials_a_proxy_echoes_are_scrubbed_from_the_error(
+    server: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For an http:// base URL every request carries Proxy-Authorization; a proxy's 407 that
+    echoes it got the proxy's password, base64-encoded, into the error (nobody registers a
+    proxy's password, and the Basic pattern wants 16 characters or more)."""
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.url.replace("http://", "http://bob:Hunter2pw@"))
+
+    def echo(request: RecordedRequest) -> Reply:
+        sent = request.headers["proxy-authorization"]
+        return Reply(407, {"content-type": "text/plain"}, f"who are you? you sent {sent}")
+
+    server.queue(echo)
+    transport = _default_engine("http://model.invalid/v1")
+    try:
+        with pytest.raises(AgentError) as caught:
+            await transport.post_json("/chat/completions", BODY)
+    finally:
+        await transport.aclose()
+    token = "Ym9iOkh1bnRlcjJwdw"  # bob:Hunter2pw, without its padding
+    assert token in server.requests[0].headers["proxy-authorization"]  # it really was echoed
+    expected = f"{PROVIDER} answered 407: who are you? you sent Basic {REDACTED}"
+    assert caught.value.message == expected
+    assert token not in (caught.value.body or "")
+
+
 def test_a_socks_proxy_gets_httpx_own_transport(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
