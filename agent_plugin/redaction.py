@@ -194,11 +194,14 @@ _SECRET_PATTERN: Final = re.compile(
 _PATTERN_HINTS: Final = ("sk-", "://", "eyJ", "Bearer", "Basic")
 
 ASSIGNED_SECRET: Final = re.compile(
-    r"(?i)(\b[\w.-]*(?:password|passwd|secret|token|api[_-]?key|private[_-]?key)"
-    r"[\"']?\s*[:=]\s*[\"']?)"
+    r"(?i)(\b[\w.-]*(?:password|passwd|secret|token|api[_-]?key|private[_-]?key|authorization)"
+    r"[\"']?\s*[:=]\s*[\"']?(?:(?:basic|bearer|digest)\s+)?)"
     r"(?!\[REDACTED\])([^\s\"',;&}\]]+)"
 )
-"""``password: hunter2``, ``api_key="..."``, ``?token=...``: the name stays, the value goes."""
+"""``password: hunter2``, ``api_key="..."``, ``?token=...``: the name stays, the value goes.
+
+``Authorization: Basic ...`` too (a header echoed in a text body, or logged): its scheme
+stays, the credentials go, however short (the ``Basic``/``Bearer`` pattern wants 16 or more)."""
 
 
 def _may_hold_pattern(text: str) -> bool:
@@ -235,6 +238,7 @@ def _may_hold_assignment(text: str) -> bool:
         or "secret" in folded
         or "token" in folded
         or ("key" in folded and ("api" in folded or "private" in folded))
+        or "authorization" in folded
     )
 
 
@@ -417,7 +421,7 @@ def needs_no_redaction(document: str) -> bool:
 
 
 _ASSIGNMENT: Final = re.compile(
-    r"(?:passw(?:or)?d|secret|token|api[_-]?key|private[_-]?key)[\"']?\s*[:=]"
+    r"(?:passw(?:or)?d|secret|token|api[_-]?key|private[_-]?key|authorization)[\"']?\s*[:=]"
 )
 """What every match of :data:`ASSIGNED_SECRET` holds, in case-folded text: found much faster,
 with no open-ended start to try at every word."""
