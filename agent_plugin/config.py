@@ -182,6 +182,16 @@ def _has_password(url: str) -> bool:
     return mask_url(url) != url
 
 
+def _shown(url: str) -> str:
+    """``url`` for an error message, its password hidden even when it is malformed: a typo
+    such as ``postgres//user:pw@host`` is no URL to :func:`mask_url`, which then hid nothing,
+    so whatever stands before the last ``@`` of a URL it leaves as it is goes."""
+    masked = mask_url(url)
+    if masked == url and "@" in url:
+        return "***@" + url.rpartition("@")[2]
+    return masked
+
+
 @dataclass(frozen=True)
 class _LoadContext:
     """What a construction of :class:`AgentSettings` reads (set by :meth:`AgentSettings.load`)."""
@@ -207,6 +217,9 @@ class AgentSettings(BaseSettings):
         extra="forbid",
         strict=True,
         validate_default=True,
+        # a ValidationError of AgentSettings(...) in code would show each refused value as it
+        # is, the password of a URL too; load() words its errors itself
+        hide_input_in_errors=True,
     )
 
     provider: ProviderName = Field(
@@ -376,7 +389,7 @@ class AgentSettings(BaseSettings):
         value = value.strip()
         parts = _split(value)
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"must be an http:// or https:// URL, got {mask_url(value)!r}")
+            raise ValueError(f"must be an http:// or https:// URL, got {_shown(value)!r}")
         return value
 
     @field_validator("redis_url")
@@ -385,9 +398,7 @@ class AgentSettings(BaseSettings):
         value = value.strip()
         parts = _split(value)
         if parts is None or parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(
-                f"must be a redis://, rediss:// or unix:// URL, got {mask_url(value)!r}"
-            )
+            raise ValueError(f"must be a redis://, rediss:// or unix:// URL, got {_shown(value)!r}")
         return value
 
     @field_validator("database_url")
@@ -396,7 +407,7 @@ class AgentSettings(BaseSettings):
         value = value.strip()
         if not _URL_SCHEME.match(value) or _split(value) is None:
             raise ValueError(
-                f"must be an SQLAlchemy URL like dialect+driver://..., got {mask_url(value)!r}"
+                f"must be an SQLAlchemy URL like dialect+driver://..., got {_shown(value)!r}"
             )
         return value
 

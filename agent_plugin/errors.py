@@ -7,7 +7,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict
 
-from agent_plugin.redaction import redact_text
+from agent_plugin.redaction import redact_message
 
 __all__ = [
     "BODY_LIMIT",
@@ -236,8 +236,10 @@ class SessionLocked(AgentError):
 
 def describe(error: BaseException) -> str:
     """One line about ``error`` for a log or a tool's error: an :class:`AgentError`'s message,
-    else the exception's type and text; credential-looking text is redacted."""
+    else the exception's type and text; redacted as published text is
+    (:func:`~agent_plugin.redaction.redact_message`: a provider's or a tool's error may say
+    ``password: ...``, which the credential patterns alone let through)."""
     if isinstance(error, AgentError):
-        return redact_text(error.message)
-    text = redact_text(str(error))
+        return redact_message(error.message)
+    text = redact_message(str(error))
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

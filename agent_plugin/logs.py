@@ -30,8 +30,10 @@ LOGGERS: Final = (
     "agent_plugin.delivery",
     "agent_plugin.mcp",
     "agent_plugin.sessions",
+    "agent_plugin.pricing",
 )
-"""Every logger the library writes to."""
+"""Every logger the library writes to (each must be listed: :func:`install` filters these
+loggers, and a logger's filters do not see the records of its children)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@ stored. Every function replaces what it finds with :data:`REDACTED` and never ra
 
 :func:`redact_text` (known values and credential-looking substrings), :func:`redact` (a JSON
 value for in-process events), :func:`redact_deep` (the stricter cleaning of what is published
-or stored: JSON held in strings, ``password: ...`` assignments) and :func:`scrub` (one given
+or stored: JSON held in strings, ``password: ...`` assignments), :func:`redact_message` (one
+text by those rules: an error's message on its way out) and :func:`scrub` (one given
 secret, in an error message). :class:`RedactingFilter` (:func:`redact_logs`) cleans log records;
 :func:`mask_url` and :func:`url_password` handle the password of a URL.
 
@@ -39,6 +40,7 @@ __all__ = [
     "redact",
     "redact_deep",
     "redact_logs",
+    "redact_message",
     "redact_text",
     "register_secret",
     "registered_secrets",
@@ -192,11 +194,14 @@ _SECRET_PATTERN: Final = re.compile(
 _PATTERN_HINTS: Final = ("sk-", "://", "eyJ", "Bearer", "Basic")
 
 ASSIGNED_SECRET: Final = re.compile(
-    r"(?i)(\b[\w.-]*(?:password|passwd|secret|token|api[_-]?key|private[_-]?key)"
-    r"[\"']?\s*[:=]\s*[\"']?)"
+    r"(?i)(\b[\w.-]*(?:password|passwd|secret|token|api[_-]?key|private[_-]?key|authorization)"
+    r"[\"']?\s*[:=]\s*[\"']?(?:(?:basic|bearer|digest)\s+)?)"
     r"(?!\[REDACTED\])([^\s\"',;&}\]]+)"
 )
-"""``password: hunter2``, ``api_key="..."``, ``?token=...``: the name stays, the value goes."""
+"""``password: hunter2``, ``api_key="..."``, ``?token=...``: the name stays, the value goes.
+
+``Authorization: Basic ...`` too (a header echoed in a text body, or logged): its scheme
+stays, the credentials go, however short (the ``Basic``/``Bearer`` pattern wants 16 or more)."""
 
 
 def _may_hold_pattern(text: str) -> bool:
@@ -233,6 +238,7 @@ def _may_hold_assignment(text: str) -> bool:
         or "secret" in folded
         or "token" in folded
         or ("key" in folded and ("api" in folded or "private" in folded))
+        or "authorization" in folded
     )
 
 
@@ -415,7 +421,7 @@ def needs_no_redaction(document: str) -> bool:
 
 
 _ASSIGNMENT: Final = re.compile(
-    r"(?:passw(?:or)?d|secret|token|api[_-]?key|private[_-]?key)[\"']?\s*[:=]"
+    r"(?:passw(?:or)?d|secret|token|api[_-]?key|private[_-]?key|authorization)[\"']?\s*[:=]"
 )
 """What every match of :data:`ASSIGNED_SECRET` holds, in case-folded text: found much faster,
 with no open-ended start to try at every word."""
@@ -483,9 +489,16 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def _text(text: str) -> str:
+def redact_message(text: str) -> str:
+    """``text`` cleaned as :func:`redact_deep` cleans a string: what leaves the process as
+    text (an error in a problem response, a health report, a span, a log line) gets the rules
+    of what is published or stored, ``password: ...`` and ``"api_key": "..."`` included, not
+    only :func:`redact_text`'s patterns."""
     cleaned = redact_deep(text)
     return cleaned if isinstance(cleaned, str) else text
+
+
+_text = redact_message
 
 
 def redact_logs(*targets: logging.Logger | logging.Handler | str) -> None:

@@ -320,6 +320,13 @@ class ToolRound:
             return error_output(error.message)
         except Exception as error:  # a tool's failure is information for the model
             return error_output(str(error) or type(error).__name__)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the run, or whoever awaits it, is being cancelled
+            # nothing cancels this task: the tool's own (an inner task of it was cancelled),
+            # which would otherwise end the whole run as if it were cancelled
+            return error_output("the tool failed: CancelledError")
         terminate = False
         if isinstance(value, ToolReturn):
             terminate = value.terminate

@@ -39,7 +39,7 @@ from agent_plugin.outcomes import (
     Rejected,
 )
 from agent_plugin.pricing import Prices
-from agent_plugin.redaction import redact, redact_text
+from agent_plugin.redaction import redact_deep, redact_message
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -418,7 +418,7 @@ class RunTelemetry:
             "agent_plugin.approval.tools": waiting,
         }
         if isinstance(outcome, Paused):
-            attributes["agent_plugin.approval.reason"] = redact_text(outcome.reason)
+            attributes["agent_plugin.approval.reason"] = _cleaned(outcome.reason)
         with self.instruments.tracer.start_as_current_span("await_approval", attributes=attributes):
             pass
 
@@ -592,7 +592,7 @@ class RunTelemetry:
             "agent_plugin.run.id": self.run_id,
         }
         if self.telemetry.record_content:
-            attributes["gen_ai.tool.call.arguments"] = json.dumps(redact(call.arguments))
+            attributes["gen_ai.tool.call.arguments"] = json.dumps(redact_deep(call.arguments))
         labels: dict[str, Any] = {"gen_ai.tool.name": call.name}
         started = time.perf_counter()
         with instruments.tracer.start_as_current_span(
@@ -614,7 +614,7 @@ class RunTelemetry:
                 span.set_status(trace.StatusCode.ERROR)
                 instruments.tool_errors.add(1, {"gen_ai.tool.name": call.name})
             if self.telemetry.record_content:
-                span.set_attribute("gen_ai.tool.call.result", redact_text(output.content))
+                span.set_attribute("gen_ai.tool.call.result", _cleaned(output.content))
             instruments.tool_duration.record(time.perf_counter() - started, labels)
             return output
 
@@ -682,6 +682,14 @@ def _links(carrier: Mapping[str, str] | None) -> list[Any]:
     return [trace.Link(span_context, {"agent_plugin.link": "paused_run"})]
 
 
+def _cleaned(text: str) -> str:
+    """``text`` as :func:`~agent_plugin.redaction.redact_message` cleans it: spans leave the
+    process like events do, so they get the same rules (JSON held in the string,
+    ``password: ...`` assignments), not only the credential patterns of ``redact_text``, which
+    let a tool's ``{"password": ...}`` result or a ``password: ...`` error through."""
+    return redact_message(text)
+
+
 def _failed(span: Span, error: BaseException) -> str:
     """Mark ``span`` failed by ``error``; answers its ``error.type``."""
     from opentelemetry import trace
@@ -689,7 +697,7 @@ def _failed(span: Span, error: BaseException) -> str:
     kind = error.kind.value if isinstance(error, AgentError) else type(error).__name__
     span.set_attribute("error.type", kind)
     message = error.message if isinstance(error, AgentError) else str(error)
-    span.set_status(trace.StatusCode.ERROR, redact_text(message)[:500])
+    span.set_status(trace.StatusCode.ERROR, _cleaned(message)[:500])
     return kind
 
 
@@ -714,4 +722,4 @@ def _usage_of(outcome: AgentOutcome[Any]) -> TokenUsage | None:
 
 def _messages_json(messages: Sequence[ChatMessage]) -> str:
     """The messages as JSON, redacted: what ``gen_ai.*.messages`` hold when contents are on."""
-    return json.dumps(redact([m.model_dump(mode="json") for m in messages]))
+    return json.dumps(redact_deep([m.model_dump(mode="json") for m in messages]))

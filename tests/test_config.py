@@ -718,6 +718,31 @@ def test_invalid_url_errors_do_not_echo_passwords() -> None:
 
 
 @pytest.mark.parametrize(
+    ("variable", "url"),
+    [
+        ("AGENT_DATABASE_URL", "postgresql+asyncpg//app:hunter2pw@db/agent"),  # no ":"
+        ("AGENT_REDIS_URL", "redis//:hunter2pw@cache:6379/0"),
+        ("AGENT_BASE_URL", "http//user:hunter2pw@gateway/v1"),
+        ("AGENT_BASE_URL", "http://user:hunter2pw@[::1/v1"),  # no URL to urlsplit
+    ],
+)
+def test_a_malformed_url_does_not_echo_its_password(variable: str, url: str) -> None:
+    """A typo made the value no URL to mask_url, which then hid nothing of it."""
+    message = config_error(**{variable: url})
+    assert "hunter2pw" not in message
+    assert "***@" in message
+
+
+def test_settings_refused_in_code_do_not_echo_a_password() -> None:
+    """``AgentSettings(...)`` raises pydantic's ValidationError, whose text showed the refused
+    value (``input_value=...``) beside the masked one."""
+    with pytest.raises(ValidationError) as caught:
+        AgentSettings(redis_url="http://user:hunter2pw@cache/0")
+    assert "hunter2pw" not in str(caught.value)
+    assert "hunter2pw" not in repr(caught.value)
+
+
+@pytest.mark.parametrize(
     ("url", "masked"),
     [
         ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),

@@ -105,3 +105,30 @@ def test_a_worker_says_at_start_up_where_everything_is(tmp_path: Path) -> None:
     assert "upkeep=on" in line
     assert "settings=" in line
     assert "AGENT_DATABASE_URL" in line
+
+
+def test_every_logger_the_library_writes_to_is_redacted() -> None:
+    """``logs.install`` redacts the loggers of :data:`logs.LOGGERS` only (a logger's filters
+    do not see its children's records): a module logging on a name not listed, as
+    ``agent_plugin.pricing`` did, writes secrets as they are."""
+    import re
+
+    import agent_plugin
+
+    root = Path(agent_plugin.__file__).parent
+    pattern = re.compile(r"""logging\.getLogger\(\s*["']([^"']+)["']""")
+    names = {
+        name for path in root.rglob("*.py") for name in pattern.findall(path.read_text("utf-8"))
+    }
+    assert "agent_plugin.jobs" in names  # the search finds them
+    assert names <= set(logs.LOGGERS), names - set(logs.LOGGERS)
+    logs.install()
+    capture = Capture()
+    logger = logging.getLogger("agent_plugin.pricing")
+    logger.addHandler(capture)
+    try:
+        logger.warning("no price: password: %s", "Hunter2-Log-6c1d")
+    finally:
+        logger.removeHandler(capture)
+    [record] = capture.records
+    assert "Hunter2-Log-6c1d" not in record.getMessage()

@@ -77,6 +77,38 @@ async def test_a_refused_value_is_echoed_only_as_a_short_excerpt(
     assert len(response.content) < 1000
 
 
+_PASSWORD = "Hunter2-Http-9d1e"  # no familiar shape: only its field's name gives it away
+_KEY = "sk-ant-" + "Wc4nAry9XcV4bN8pR3tY6wZ1kA9b3Q"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"password": _PASSWORD},  # refused as an extra field, and echoed whole: no prompt
+        {"prompt": "go", "options": {"api_key": _PASSWORD}},
+        {"prompt": {"text": "x", "token": _PASSWORD}},
+    ],
+    ids=["extra field", "nested extra", "wrong type"],
+)
+async def test_a_refused_secret_field_is_not_echoed(
+    client: httpx.AsyncClient, body: dict[str, Any]
+) -> None:
+    response = await client.post("/agent/runs", json=body)
+    problem_of(response, 422, "invalid")
+    assert _PASSWORD not in response.text
+
+
+async def test_a_key_cut_at_the_excerpts_end_is_not_echoed_in_part(
+    client: httpx.AsyncClient,
+) -> None:
+    """The excerpt was cut before it was redacted: a key cut short no longer matched its
+    pattern, and its first characters were echoed."""
+    for pad in range(0, 80, 3):
+        response = await client.post("/agent/runs", json={"a": "x" * pad, "k": _KEY})
+        problem_of(response, 422, "invalid")
+        assert _KEY[:12] not in response.text, pad
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -386,6 +386,7 @@ def test_scrub_leaves_text_without_the_secret_alone() -> None:
 _ASSIGNMENT_PIECES = [
     "password", "PassWord", "paſſword", "passwd", "secret", "SECRET", "token", "toKen",
     "api_key", "apı-key", "APIKEY", "private_key", "prıvatekey", "key", "api", "a", "x1",
+    "authorization", "AuthorİzatIon", "basic ", "Bearer ",
     ":", "=", " ", '"', "'", ";", ",", "&", "}", "]", "-", ".", "_", "\n",
 ]  # fmt: skip
 
@@ -409,6 +410,28 @@ def test_assignments_are_found_wherever_the_pattern_matches(text: str) -> None:
 )
 def test_assignments_with_unicode_case_variants_are_caught(text: str) -> None:
     assert "abc123" not in str(redact_deep(text))
+
+
+@pytest.mark.parametrize(
+    ("text", "credential"),
+    [
+        ("you sent Authorization: Basic dTpwdzEyMzQ1Ng==", "dTpwdzEyMzQ1Ng"),
+        ("Proxy-Authorization: Basic Ym9iOmh1bnRlcg==", "Ym9iOmh1bnRlcg"),
+        ("authorization=opaqueGatewayKey", "opaqueGatewayKey"),
+        ("Authorization: Bearer short123", "short123"),
+    ],
+)
+def test_authorization_assignments_in_text_lose_their_credentials(
+    text: str, credential: str
+) -> None:
+    """The docs name authorization among the secret names whose ``name: value`` assignments
+    lose their value; the rule left it out, so a header echoed in a text body or a log line
+    kept credentials shorter than the Basic/Bearer pattern's 16 characters."""
+    cleaned = str(redact_deep(text))
+    assert credential not in cleaned
+    assert REDACTED in cleaned
+    assert "uthorization" in cleaned  # the name stays
+    assert not needs_no_redaction(json.dumps({"note": text}))
 
 
 # --- never raising --------------------------------------------------------------------------

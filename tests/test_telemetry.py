@@ -237,6 +237,40 @@ async def test_contents_are_recorded_only_when_enabled_and_redacted() -> None:
     assert REDACTED in everything
 
 
+_TOOL_PASSWORD = "Hunter2-Tele-7f3a"  # no familiar shape: caught by its field's name only
+
+
+@tool
+def sign_in(user: str) -> dict[str, str]:
+    """Sign a user in."""
+    return {"user": user, "password": _TOOL_PASSWORD}
+
+
+@tool
+def refuse(user: str) -> str:
+    """Refuse, naming the password."""
+    raise RuntimeError(f"sign-in refused, password: {_TOOL_PASSWORD}")
+
+
+async def test_spans_are_redacted_like_events_field_names_and_assignments_too() -> None:
+    """A tool's ``{"password": ...}`` result and a ``password: ...`` error are redacted in
+    events and records; spans with contents on must not carry them either (they were cleaned
+    by the credential patterns only)."""
+    rec = Recorder(record_content=True)
+    model = ScriptedModel(
+        [tool_call("sign_in", {"user": "ann"}), tool_call("refuse", {"user": "bob"}), "done"]
+    )
+    agent = Agent(model, tools=[sign_in, refuse], telemetry=rec.telemetry)
+    await agent.run("go")
+    spans = rec.finished()
+    everything = json.dumps(
+        [[dict(s.attributes or {}), s.status.description] for s in spans], default=str
+    )
+    assert "sign_in" in everything
+    assert _TOOL_PASSWORD not in everything
+    assert REDACTED in everything
+
+
 async def test_a_failed_model_call_marks_its_spans(recorder: Recorder) -> None:
     failure = AgentError(ErrorKind.AUTHENTICATION, "bad key", provider="scripted", status=401)
     agent = Agent(ScriptedModel([failure]), telemetry=recorder.telemetry)

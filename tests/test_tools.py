@@ -1147,3 +1147,51 @@ def test_error_payload_is_canonical_json() -> None:
 @given(st.text())
 def test_error_payload_round_trips(message: str) -> None:
     assert json.loads(error_payload(message)) == {"error": message}
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["one call", "two calls at once"])
+async def test_a_tools_own_cancelled_error_is_a_tool_error_not_a_cancelled_run(
+    parallel: bool,
+) -> None:
+    """A CancelledError out of a tool whose task nobody cancels (an inner task of the tool was
+    cancelled) ended the whole run as if it had been cancelled, its turn lost."""
+
+    @tool
+    async def fetch(url: str) -> str:
+        """Fetch a page with an inner task that gets cancelled."""
+        inner = asyncio.ensure_future(asyncio.sleep(10))
+        inner.cancel()
+        return str(await inner)
+
+    @tool
+    def other(url: str) -> str:
+        """Answer at once."""
+        return "fine"
+
+    calls = [tool_call("fetch", {"url": "a"}, id="c1")]
+    if parallel:
+        calls.append(tool_call("other", {"url": "b"}, id="c2"))
+    model = ScriptedModel([calls, "done"])
+    turn = await Agent(model, tools=[fetch, other]).run("go")
+    assert isinstance(turn.outcome, Completed)
+    assert turn.outcome.text == "done"
+    sent = json.dumps([m.model_dump(mode="json") for m in model.requests[-1].messages])
+    assert "CancelledError" in sent
+
+
+async def test_cancelling_the_caller_of_a_run_still_cancels_it_mid_tool() -> None:
+    started = asyncio.Event()
+
+    @tool
+    async def slow(url: str) -> str:
+        """Wait long."""
+        started.set()
+        await asyncio.sleep(30)
+        return "late"
+
+    model = ScriptedModel([tool_call("slow", {"url": "a"}), "done"])
+    task = asyncio.ensure_future(Agent(model, tools=[slow]).run("go"))
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

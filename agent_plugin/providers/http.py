@@ -239,18 +239,28 @@ class HttpTransport:
             raise AgentError.config(f"{provider} base_url is not a valid URL: {exc}") from None
         common = httpx.Headers(_DEFAULT_HEADERS)
         common.update(headers)  # names compare case-insensitively, as AsyncClient merged them
+        secrets = [secret] if secret else []
         if url.userinfo:  # user:password@ in the URL is Basic auth, as httpx reads it
             if "authorization" not in common:
-                pair = f"{url.username}:{url.password}".encode()
-                common["authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
+                token = _basic_token(url)
+                common["authorization"] = "Basic " + token
+                # a server that echoes the header back must not get the password into an
+                # error: registered, it is redacted by value, but not in its base64 form, and
+                # a short pair's token is too short for the pattern of Basic values
+                if url.password:
+                    secrets.append(token)
             url = url.copy_with(username=None, password=None)
         self.base_url = str(url)
         self.retry = retry
-        self._secret = secret
         if transport is None:
             from agent_plugin.providers.aiohttp_engine import default_transport
+            from agent_plugin.providers.proxies import environment_proxy
 
             transport = default_transport(self.base_url, limits=limits)
+            # the proxy's credentials travel as Proxy-Authorization (with every request, for
+            # an http:// base URL), and a proxy's 407 may echo them; no one registered them
+            secrets += _proxy_secrets(environment_proxy(self.base_url))
+        self._secrets = tuple(secrets)
         post = httpx.Headers(common)
         post["content-type"] = "application/json"
         sse = httpx.Headers(post)
@@ -396,7 +406,7 @@ class HttpTransport:
         try:
             return json.loads(data)
         except _JSON_ERRORS as exc:
-            text = scrub(_text(data, headers).strip(), self._secret)
+            text = self._scrub(_text(data, headers).strip())
             raise AgentError(
                 ErrorKind.DECODE,
                 f"{self.provider} answered {status} with a body that is not JSON"
@@ -412,12 +422,13 @@ class HttpTransport:
         The same error when there is nothing to remove. A body cut at its length limit may end
         in the first part of the secret; that part goes too.
         """
-        secret = self._secret
-        if not secret:
+        if not self._secrets:
             return error
-        message, body = _scrub_cut(error.message, secret), error.body
-        if body is not None:
-            body = _scrub_cut(body, secret)
+        message, body = error.message, error.body
+        for secret in self._secrets:
+            message = _scrub_cut(message, secret)
+            if body is not None:
+                body = _scrub_cut(body, secret)
         if message == error.message and body == error.body:
             return error
         return AgentError(
@@ -429,11 +440,18 @@ class HttpTransport:
             body=body,
         )
 
+    def _scrub(self, text: str) -> str:
+        """``text`` without the transport's secrets (the key, the Basic token of the URL's
+        password) and the known ones."""
+        for secret in self._secrets:
+            text = scrub(text, secret)
+        return text if self._secrets else scrub(text, None)
+
     def _status_error(self, status: int, body: str, headers: Mapping[str, str]) -> AgentError:
         """The error for a non-2xx answer: "<provider> answered <status>: <≤500 chars of body>",
         of the kind the status and the body say together (:func:`failure_kind`), with a note
         on what that kind means when it has one."""
-        text = scrub(body.strip(), self._secret)
+        text = self._scrub(body.strip())
         kind = failure_kind(status, text)
         note = failure_note(kind)
         message = f"{self.provider} answered {status}" + (f" ({note})" if note else "")
@@ -450,7 +468,7 @@ class HttpTransport:
     def _transport_error(self, exc: httpx.HTTPError) -> AgentError:
         kind = ErrorKind.DECODE if isinstance(exc, httpx.DecodingError) else ErrorKind.TRANSPORT
         what = type(exc).__name__
-        detail = scrub(str(exc), self._secret)
+        detail = self._scrub(str(exc))
         message = f"{self.provider} request failed ({what})" + (f": {detail}" if detail else "")
         return AgentError(kind, message, provider=self.provider)
 
@@ -531,6 +549,26 @@ def _scrub_cut(text: str, secret: str) -> str:
         if text.endswith(secret[:size]):
             return text[:-size] + REDACTED
     return text
+
+
+def _basic_token(url: httpx.URL) -> str:
+    """The Basic credentials of ``url``'s user and password, as httpx and aiohttp send them."""
+    return base64.b64encode(f"{url.username}:{url.password}".encode()).decode("ascii")
+
+
+def _proxy_secrets(proxy: str | None) -> list[str]:
+    """What to scrub of a proxy URL's credentials: its password and their Basic token (each
+    when at least :data:`_MIN_CUT_SECRET` long, so common text is never scrubbed)."""
+    if proxy is None:
+        return []
+    try:
+        url = httpx.URL(proxy)
+    except httpx.InvalidURL:
+        return []
+    if not url.password:
+        return []
+    found = [url.password, _basic_token(url)]
+    return [value for value in found if len(value) >= _MIN_CUT_SECRET]
 
 
 def _encode(body: Mapping[str, Any] | bytes) -> bytes:

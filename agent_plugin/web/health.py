@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from agent_plugin.errors import AgentError, describe
 from agent_plugin.providers.base import LlmClient
+from agent_plugin.redaction import redact_message
 
 if TYPE_CHECKING:
     from agent_plugin.jobs import RunQueue
@@ -54,7 +55,9 @@ class ComponentHealth(BaseModel):
 
     @classmethod
     def down(cls, error: str, **details: JsonValue) -> ComponentHealth:
-        return cls(status="DOWN", details={**details, "error": error})
+        """A DOWN component; ``error`` is redacted (a provider's or a server's answer ends up
+        in it, and a health report goes out over HTTP)."""
+        return cls(status="DOWN", details={**details, "error": redact_message(error)})
 
 
 class HealthReport(BaseModel):

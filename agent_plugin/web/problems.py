@@ -10,7 +10,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from agent_plugin.errors import AgentError, ErrorKind
-from agent_plugin.redaction import redact_text
+from agent_plugin.redaction import redact_deep, redact_message, redact_text
 
 __all__ = [
     "PROBLEM_MEDIA_TYPE",
@@ -93,12 +93,13 @@ def problem(
 ) -> JSONResponse:
     """A problem response: ``status`` with the ``type``, ``title`` and ``kind`` of ``kind``.
 
-    ``detail`` is redacted (it may repeat what a client sent, such as a call id)."""
+    ``detail`` is redacted as published text is (it may repeat what a client sent, such as a
+    call id, or what a provider answered: ``password: ...`` too)."""
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_PREFIX + kind.value,
         "title": kind.display_name,
         "status": status,
-        "detail": redact_text(detail),
+        "detail": redact_message(detail),
         "kind": kind.value,
         **{key: value for key, value in fields.items() if value is not None},
     }
@@ -184,14 +185,30 @@ def _too_large(limit: int) -> JSONResponse:
     return problem(413, ErrorKind.INVALID, f"the request body is larger than {limit} bytes")
 
 
-def _excerpt(value: object) -> str | None:
-    """A short, redacted, encodable excerpt of a refused value (never the whole of it)."""
+def _excerpt(value: object, field: str | int | None = None) -> str | None:
+    """A short, redacted, encodable excerpt of a refused value (never the whole of it).
+
+    The value is cleaned as a stored value is (:func:`redact_deep`, under the name of the
+    ``field`` it was sent as) before it is cut: a ``"password"`` refused as an extra field, or
+    a body echoed whole for a missing field, keep their secrets by their names, and a key cut
+    at the excerpt's end would be too short for its pattern to find.
+    """
     if value is None:
         return None
+    if isinstance(field, str):
+        value = cast(dict[str, Any], redact_deep({field: cast(JsonValue, value)}))
+        value = next(iter(value.values()))
+    else:
+        value = redact_deep(cast(JsonValue, value))
     text = value if isinstance(value, str) else json.dumps(value, default=str)[:1000]
+    text = redact_text(text)  # what default=str wrote of a value that is not JSON
     if len(text) > _EXCERPT_CHARS:
         text = text[:_EXCERPT_CHARS] + "…"
-    return redact_text(text.encode("utf-8", "replace").decode("utf-8"))
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _last(loc: Sequence[Any]) -> str | int | None:
+    return loc[-1] if loc and isinstance(loc[-1], str | int) else None
 
 
 def _validation_problem(error: RequestValidationError) -> JSONResponse:
@@ -201,7 +218,7 @@ def _validation_problem(error: RequestValidationError) -> JSONResponse:
             loc=[part if isinstance(part, int) else str(part) for part in item.get("loc", ())],
             msg=_excerpt(item.get("msg", "")) or "",
             type=str(item.get("type", "")),
-            input=_excerpt(item.get("input")),
+            input=_excerpt(item.get("input"), _last(item.get("loc", ()))),
         ).model_dump(mode="json", exclude_none=True)
         for item in found[:_MAX_DETAILS]
     ]

@@ -22,7 +22,7 @@ from agent_plugin.cancellation import stop_task
 from agent_plugin.errors import AgentError, ErrorKind, describe
 from agent_plugin.events import AgentEvent
 from agent_plugin.live import DeltaGuard, public_payload
-from agent_plugin.redaction import redact_text
+from agent_plugin.redaction import redact_message
 
 __all__ = ["local_events", "sse_response"]
 
@@ -51,9 +51,9 @@ def _unavailable(error: BaseException) -> bool:
 
 def _error_frame(error: BaseException) -> str:
     if isinstance(error, AgentError):
-        info = {"kind": error.kind.value, "message": redact_text(error.message)}
+        info = {"kind": error.kind.value, "message": redact_message(error.message)}
     elif _unavailable(error):
-        info = {"kind": ErrorKind.UNAVAILABLE.value, "message": redact_text(str(error))}
+        info = {"kind": ErrorKind.UNAVAILABLE.value, "message": redact_message(str(error))}
     else:
         info = {"kind": ErrorKind.INTERNAL.value, "message": describe(error)}
     return f"event: error\ndata: {json.dumps(info, ensure_ascii=False)}\n\n"

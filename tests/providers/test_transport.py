@@ -763,6 +763,39 @@ async def test_credentials_in_the_base_url_are_sent_as_basic_auth(server: HttpSe
     assert "user" not in transport.base_url
 
 
+@pytest.mark.parametrize("streaming", [False, True], ids=["json", "sse"])
+async def test_a_basic_token_echoed_back_is_scrubbed_from_the_error(
+    server: HttpServer, streaming: bool
+) -> None:
+    """The URL's password is registered by value, but a server that echoes the Authorization
+    header sends it back base64-encoded, and ``a:pw123456`` makes a token too short for the
+    pattern of Basic values: the transport, which made the token, scrubs it."""
+
+    def echo(request: RecordedRequest) -> Reply:
+        text = f"bad credentials: {request.headers['authorization']}"
+        return Reply(401, {"content-type": "text/plain"}, text)
+
+    server.queue(echo)
+    transport = HttpTransport(
+        PROVIDER,
+        server.url.replace("http://", "http://a:pw123456@") + "/v1",
+        headers={},
+        timeout=5.0,
+        retry=FAST,
+        transport=_plain_http(),
+    )
+    try:
+        request = _collect(transport.post_sse("/x", BODY)) if streaming else None
+        with pytest.raises(AgentError) as caught:
+            await (request or transport.post_json("/x", BODY))
+    finally:
+        await transport.aclose()
+    token = "YTpwdzEyMzQ1Ng"  # base64 of a:pw123456, without its padding
+    assert token in server.requests[0].headers["authorization"]  # it really was echoed
+    assert caught.value.message == f"{PROVIDER} answered 401: bad credentials: Basic {REDACTED}"
+    assert token not in (caught.value.body or "")
+
+
 def test_an_invalid_base_url_is_a_config_error() -> None:
     with pytest.raises(AgentError) as caught:
         HttpTransport(PROVIDER, "http://[::1/v1", headers={}, timeout=5.0, retry=FAST)
@@ -884,6 +917,34 @@ async def test_the_default_engine_sends_proxy_credentials_from_the_environment(
     [request] = server.requests
     assert request.path == "http://model.invalid/v1/chat/completions"
     assert request.headers["proxy-authorization"] == "Basic bWU6czpjcmV0"  # me:s:cret
+
+
+async def test_proxy_credentials_a_proxy_echoes_are_scrubbed_from_the_error(
+    server: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For an http:// base URL every request carries Proxy-Authorization; a proxy's 407 that
+    echoes it got the proxy's password, base64-encoded, into the error (nobody registers a
+    proxy's password, and the Basic pattern wants 16 characters or more)."""
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.url.replace("http://", "http://bob:Hunter2pw@"))
+
+    def echo(request: RecordedRequest) -> Reply:
+        sent = request.headers["proxy-authorization"]
+        return Reply(407, {"content-type": "text/plain"}, f"who are you? you sent {sent}")
+
+    server.queue(echo)
+    transport = _default_engine("http://model.invalid/v1")
+    try:
+        with pytest.raises(AgentError) as caught:
+            await transport.post_json("/chat/completions", BODY)
+    finally:
+        await transport.aclose()
+    token = "Ym9iOkh1bnRlcjJwdw"  # bob:Hunter2pw, without its padding
+    assert token in server.requests[0].headers["proxy-authorization"]  # it really was echoed
+    expected = f"{PROVIDER} answered 407: who are you? you sent Basic {REDACTED}"
+    assert caught.value.message == expected
+    assert token not in (caught.value.body or "")
 
 
 def test_a_socks_proxy_gets_httpx_own_transport(monkeypatch: pytest.MonkeyPatch) -> None:
