@@ -306,12 +306,6 @@ async def test_a_cancel_reason_is_redacted_before_it_is_stored_sent_or_logged(
     assert "hunter2-secret" not in logged
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs/queue.py RunQueue.cancel cleans the reason with redact_text, which lets "
-    "'password: ...' through: the record and events are redacted later (redact_deep), but "
-    "the cancel key in Redis ({live_prefix}run:<id>:cancel) holds the assignment as sent",
-)
 async def test_a_cancel_reason_reaches_redis_without_a_password_assignment(
     client: httpx.AsyncClient, env: JobsEnv
 ) -> None:
@@ -329,12 +323,6 @@ async def test_a_cancel_reason_reaches_redis_without_a_password_assignment(
     assert b"Hunter2-Cancel-9q" not in sent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs/queue.py RunQueue.steer and live/control.py send_steering push the message "
-    "to Redis ({live_prefix}run:<id>:steer) as sent: a key in it is stored in Redis "
-    "unredacted, unlike a background run's prompt, which is stored redacted",
-)
 async def test_a_steering_message_reaches_redis_redacted(
     client: httpx.AsyncClient, env: JobsEnv
 ) -> None:

@@ -42,7 +42,7 @@ from agent_plugin.live import RunControlChannel, RunEventStream, open_events
 from agent_plugin.outcomes import ApprovalDecision
 from agent_plugin.proactive import FollowupPlan
 from agent_plugin.records import RunRecord, RunStatus
-from agent_plugin.redaction import mask_url, redact_text
+from agent_plugin.redaction import mask_url, redact_message
 from agent_plugin.steering import MessageMode
 from agent_plugin.storage import SqlRunStore
 from agent_plugin.telemetry import trace_carrier
@@ -419,7 +419,7 @@ class RunQueue:
         ``CONFLICT`` for a finished run, ``NOT_FOUND`` for an unknown one. Answers the record
         as it is after the request. ``reason`` is redacted before it is stored, sent or logged.
         """
-        reason = redact_text(reason)
+        reason = redact_message(reason)  # the rules of what is stored: assignments too
         record = await self.get(run_id)
         if record.status.finished:
             raise AgentError(
@@ -464,8 +464,11 @@ class RunQueue:
         :mod:`agent_plugin.steering`).
 
         ``CONFLICT`` unless the run is ``in_progress``, or when it holds
-        ``max_queued_messages`` already; ``NOT_FOUND`` for an unknown run.
+        ``max_queued_messages`` already; ``NOT_FOUND`` for an unknown run. The message is
+        redacted before it is queued, as a background run's prompt is before it is stored: it
+        waits in Redis, and reaches the model as stored.
         """
+        text = redact_message(text)
         record = await self.get(run_id)
         if record.status is not RunStatus.IN_PROGRESS:
             raise AgentError(
