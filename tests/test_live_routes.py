@@ -212,12 +212,6 @@ async def test_an_event_id_past_what_redis_holds_is_no_outage(
     assert status == 204  # past every entry: it has seen the end
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="live/streams.py: a reader past the stream's last entry of a running run never "
-    "ends: _missing_end_id gives no end to a cursor past the last entry, and read_events "
-    "waits on (checking the record every check_every seconds) after the run has ended",
-)
 async def test_a_reader_past_the_last_entry_of_a_running_run_ends_with_the_run(
     client: httpx.AsyncClient,
 ) -> None:

@@ -133,22 +133,25 @@ async def _end_from_record(
     *,
     follow: bool,
     page: int,
-) -> tuple[Any, tuple[str, dict[str, Any]] | None]:
+) -> tuple[Any, tuple[str, dict[str, Any]] | None, bool]:
     """What a reader at ``cursor`` that waited for nothing gets once it asked the run's record:
     the ``XREAD`` reply of entries that came meanwhile, or the ``(id, end)`` to send in place of
-    a ``run_end`` the stream lacks (or neither)."""
+    a ``run_end`` the stream lacks (or neither); and whether the reading is over: the end is
+    sent, or the record says the run ended for good and nothing came after the reader's place
+    within the grace (a reader past the stream's last entry would otherwise wait for ever; one
+    past a pause's end waits for the resume's entries, which come after it)."""
     ended = await recorded_end()
     end = None if ended is None else public_payload(ended)
     if end is None or not _ends(end, follow):
-        return None, None
+        return None, None, False
     # the worker records the end before it publishes it: the event may be on its way
     reply = await redis.xread({key: cursor}, count=page, block=_END_GRACE_MS)
     if reply:
-        return reply, None
+        return reply, None, False
     end_id = await _missing_end_id(redis, key, cursor, end)
     if end_id is None:
-        return None, None
-    return None, (end_id, end)
+        return None, None, _is_final_end(end)
+    return None, (end_id, end), True
 
 
 async def _missing_end_id(
@@ -217,12 +220,13 @@ async def read_events(
         reply = await redis.xread({key: cursor}, count=page, block=wait)
         if not reply and recorded_end is not None and loop.time() >= next_check:
             next_check = loop.time() + check_every
-            reply, missing = await _end_from_record(
+            reply, missing, over = await _end_from_record(
                 redis, key, cursor, recorded_end, follow=follow, page=page
             )
             if missing is not None:
                 logger.info("run %s: its stream lacks its end; sent from its record", run_id)
                 yield missing
+            if over:
                 return
         for _stream, entries in reply or ():
             for entry_id, fields in entries:
