@@ -5,10 +5,13 @@ from __future__ import annotations
 import secrets
 from typing import Final, NewType
 
-__all__ = ["DEFAULT_SCOPE", "RunId", "SessionId", "new_run_id"]
+__all__ = ["DEFAULT_SCOPE", "RUN_ID_PATTERN", "RunId", "SessionId", "new_run_id"]
 
 RunId = NewType("RunId", str)
 SessionId = NewType("SessionId", str)
+
+RUN_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+"""A run id: a letter or digit, then up to 63 letters, digits, ``_``, ``.`` or ``-``."""
 
 DEFAULT_SCOPE: Final = "agent"
 """The memory scope of an agent-wide memory (see :mod:`agent_plugin.memory`)."""

@@ -4,12 +4,12 @@ enqueueing it answers (:class:`RunHandle`)."""
 from __future__ import annotations
 
 import hashlib
-from typing import Final, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_plugin.errors import AgentError
-from agent_plugin.ids import new_run_id
+from agent_plugin.ids import RUN_ID_PATTERN, new_run_id
 from agent_plugin.options import DEFAULT_OVERRIDES, AgentOverrides
 
 __all__ = [
@@ -24,9 +24,6 @@ __all__ = [
 
 RunOrigin: TypeAlias = Literal["request", "followup", "heartbeat"]
 """Who started a run: an app request, an agent-booked follow-up, or a heartbeat tick."""
-
-RUN_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
-"""A run id: a letter or digit, then up to 63 letters, digits, ``_``, ``.`` or ``-``."""
 
 
 class RunArgs(BaseModel):

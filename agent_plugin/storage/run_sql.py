@@ -9,7 +9,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import datetime
+import re
+from datetime import UTC, datetime
 from typing import Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
@@ -23,6 +24,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from agent_plugin.errors import AgentError, ErrorInfo, ErrorKind
 from agent_plugin.events import OutcomeSummary
+from agent_plugin.ids import RUN_ID_PATTERN
 from agent_plugin.outcomes import ApprovalDecision, RunState
 from agent_plugin.records import RunRecord, RunStatus
 from agent_plugin.storage.models import RunCheckpointRow, RunRow, UtcDateTime, utcnow
@@ -307,16 +309,24 @@ def make_cursor(created_at: datetime, run_id: str) -> str:
 
 
 def read_cursor(cursor: str) -> tuple[datetime, str]:
-    """The position :func:`make_cursor` encoded; an ``invalid`` error for anything else."""
+    """The position :func:`make_cursor` encoded; an ``invalid`` error for anything else.
+
+    A cursor comes from a client, so a forged one is refused here, before a database sees
+    it: a run id that no run can have (a NUL, a lone surrogate), a moment without a zone or
+    outside what a timestamp in UTC can hold (year 1 at +14:00)."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         created_at, run_id = json.loads(base64.urlsafe_b64decode(padded.encode()))
         moment = datetime.fromisoformat(created_at)
-        if not isinstance(run_id, str) or moment.tzinfo is None:
+        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or moment.tzinfo is None:
             raise ValueError(cursor)
-    except (ValueError, TypeError, binascii.Error, UnicodeError):
+        moment = moment.astimezone(UTC)
+    except (ValueError, TypeError, OverflowError, binascii.Error, UnicodeError):
         raise AgentError(ErrorKind.INVALID, "cursor is not one a listing of runs gave") from None
     return moment, run_id
+
+
+_RUN_ID: Final = re.compile(RUN_ID_PATTERN)
 
 
 # --- a session's queue ----------------------------------------------------------------------
