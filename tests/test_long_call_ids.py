@@ -51,14 +51,9 @@ async def _journaled_run(database: Database) -> Any:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="storage/models.py agent_run_checkpoints.call_id is String(255) and "
-    "storage/leased_journal.py writes the provider's id as it is: on PostgreSQL a longer id "
-    "fails the journal write, and the run with it",
-)
 async def test_a_tool_call_id_longer_than_255_is_journaled_on_postgres(
     postgres: Database,
 ) -> None:
     turn = await _journaled_run(postgres)
     assert isinstance(turn.outcome, Completed)
+    assert turn.messages[1].content[0].tool_call.id == LONG_ID

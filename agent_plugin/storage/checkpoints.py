@@ -18,7 +18,7 @@ from agent_plugin.errors import AgentError, ErrorKind
 from agent_plugin.journal import JournalEntry, journal_entry_adapter
 from agent_plugin.records import RunStatus
 from agent_plugin.storage.database import Database
-from agent_plugin.storage.models import utcnow
+from agent_plugin.storage.models import shown_call_id, utcnow
 from agent_plugin.storage.run_sql import (
     CHECKPOINTS,
     PROGRESS,
@@ -92,7 +92,7 @@ class SqlRunJournal:
             "new_kind": entry.kind,
             "new_step": getattr(entry, "step", None),
             "new_position": getattr(entry, "position", None),
-            "new_call_id": getattr(entry, "call_id", None),
+            "new_call_id": shown_call_id(entry),
             "new_payload": entry.model_dump(mode="json", exclude={"kind"}),
             "new_created_at": now,
         }

@@ -23,7 +23,7 @@ from agent_plugin.journal import Appended, JournalEntry, Replied, RoundDone, Too
 from agent_plugin.records import RunStatus
 from agent_plugin.storage.checkpoints import ProgressRule
 from agent_plugin.storage.database import Database
-from agent_plugin.storage.models import utcnow
+from agent_plugin.storage.models import shown_call_id, utcnow
 from agent_plugin.storage.run_sql import CHECKPOINTS, NOW, RUNS, from_now, not_found
 from agent_plugin.text import storable
 
@@ -164,7 +164,7 @@ class LeasedRunJournal:
                 "kind": entry.kind,
                 "step": getattr(entry, "step", None),
                 "position": getattr(entry, "position", None),
-                "call_id": getattr(entry, "call_id", None),
+                "call_id": shown_call_id(entry),
                 "payload": entry.model_dump(mode="json", exclude={"kind"}),
                 "created_at": now,
             }

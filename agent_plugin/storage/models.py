@@ -263,6 +263,10 @@ class RunRow(Base):
     session_seq: Mapped[int | None] = mapped_column(sa.BigInteger)
 
 
+_CALL_ID_SHOWN: Final = 255
+"""The width of a checkpoint row's ``call_id`` column."""
+
+
 class RunCheckpointRow(Base):
     """One journal entry of a run (:mod:`agent_plugin.journal`), numbered 1, 2, 3, ... per run.
 
@@ -284,6 +288,15 @@ class RunCheckpointRow(Base):
     kind: Mapped[str] = mapped_column(sa.String(32))
     step: Mapped[int | None] = mapped_column(sa.Integer)
     position: Mapped[int | None] = mapped_column(sa.Integer)
-    call_id: Mapped[str | None] = mapped_column(sa.String(255))
+    call_id: Mapped[str | None] = mapped_column(sa.String(_CALL_ID_SHOWN))
     payload: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+def shown_call_id(entry: object) -> str | None:
+    """A journal entry's call id as its row's ``call_id`` column shows it. The message model
+    sets no limit on a provider's tool-call ids (a gateway may send longer ones) and
+    PostgreSQL refuses what does not fit, so a longer id is cut: the column is for people
+    reading the table, and the payload keeps the id whole."""
+    call_id = getattr(entry, "call_id", None)
+    return call_id[:_CALL_ID_SHOWN] if isinstance(call_id, str) else None
