@@ -34,6 +34,8 @@ __all__ = [
     "MIN_SECRET_LENGTH",
     "REDACTED",
     "RedactingFilter",
+    "known_secret_spans",
+    "known_secret_words",
     "looks_secret",
     "mask_url",
     "needs_no_redaction",
@@ -80,12 +82,14 @@ class _KnownSecrets:
     Writers hold the lock and publish a new tuple; readers take the current tuple without it.
     """
 
-    __slots__ = ("_counts", "_forms", "_lock")
+    __slots__ = ("_counts", "_forms", "_lock", "most_words")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
         self._forms: tuple[str, ...] = ()
+        self.most_words = 0
+        """The most whitespace-separated words a known value spans (0: none is known)."""
 
     def add(self, value: str | None) -> bool:
         if not value or len(value) < MIN_SECRET_LENGTH or value in REDACTED:
@@ -113,6 +117,7 @@ class _KnownSecrets:
         for value in self._counts:
             forms |= _written_forms(value)
         self._forms = tuple(sorted(forms, key=len, reverse=True))
+        self.most_words = max((len(value.split()) for value in self._counts), default=0)
 
     def found_in(self, text: str) -> bool:
         """Whether any known form occurs in ``text``."""
@@ -126,13 +131,7 @@ class _KnownSecrets:
                 break
         else:  # the common case: no secret at all
             return text
-        spans: list[tuple[int, int]] = []
-        for form in forms:
-            start = text.find(form)
-            while start >= 0:
-                spans.append((start, start + len(form)))
-                start = text.find(form, start + 1)
-        spans.sort()
+        spans = sorted(_spans(forms, text))
         pieces: list[str] = []
         done = 0  # text[:done] is in pieces
         run_start, run_end = spans[0]
@@ -144,6 +143,20 @@ class _KnownSecrets:
                 run_end = max(run_end, stop)
         pieces += (text[done:run_start], REDACTED, text[run_end:])
         return "".join(pieces)
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where known forms occur in ``text``, as ``(start, stop)``, in no order."""
+        return _spans(self._forms, text)
+
+
+def _spans(forms: tuple[str, ...], text: str) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
+    for form in forms:
+        start = text.find(form)
+        while start >= 0:
+            spans.append((start, start + len(form)))
+            start = text.find(form, start + 1)
+    return spans
 
 
 _KNOWN: Final = _KnownSecrets()
@@ -162,6 +175,18 @@ def register_secret(value: str | None) -> bool:
 def unregister_secret(value: str | None) -> None:
     """Undo one :func:`register_secret` of ``value``; a value not registered is ignored."""
     _KNOWN.discard(value)
+
+
+def known_secret_spans(text: str) -> list[tuple[int, int]]:
+    """Where registered secrets occur in ``text`` as it would be published, as ``(start,
+    stop)`` pairs in no order: what a guard of streamed text must not cut through."""
+    return _KNOWN.spans(text)
+
+
+def known_secret_words() -> int:
+    """The most whitespace-separated words a registered secret spans (0: none registered): a
+    passphrase streamed word by word is whole only once that many words have come."""
+    return _KNOWN.most_words
 
 
 @contextmanager

@@ -13,7 +13,13 @@ from pydantic import JsonValue
 from pydantic_core import to_json
 
 from agent_plugin.events import AgentEvent, TextDeltaEvent, ThinkingDeltaEvent
-from agent_plugin.redaction import ASSIGNED_SECRET, needs_no_redaction, redact_deep
+from agent_plugin.redaction import (
+    ASSIGNED_SECRET,
+    known_secret_spans,
+    known_secret_words,
+    needs_no_redaction,
+    redact_deep,
+)
 
 __all__ = ["DeltaGuard", "public_json", "public_payload"]
 
@@ -78,9 +84,10 @@ class DeltaGuard:
 
     A key may arrive split over several deltas (``sk-an`` + ``t-api03...``); each piece alone
     matches no pattern. The guard publishes text only up to the start of its last three words
-    (a secret with its introducer, ``password = value`` or ``Bearer token``, spans at most three),
-    and never through the middle of a match; the rest waits for more text or for the next
-    non-delta event, which flushes it.
+    (a secret with its introducer, ``password = value`` or ``Bearer token``, spans at most three;
+    a registered passphrase of more words holds back as many), and never through the middle of
+    a match or of a registered secret; the rest waits for more text or for the next non-delta
+    event, which flushes it.
     """
 
     def __init__(self) -> None:
@@ -108,15 +115,19 @@ class DeltaGuard:
 
 def _safe_cut(text: str) -> int:
     """How much of ``text`` can be published now without cutting a possible secret."""
+    held = max(_HELD_WORDS, known_secret_words())  # a passphrase of more words is held whole
     words = [0, *(m.end() for m in _WORD_BREAK.finditer(text) if m.end() < len(text))]
-    cut = 0 if len(words) <= _HELD_WORDS else words[-_HELD_WORDS]
+    cut = 0 if len(words) <= held else words[-held]
+    spans = [
+        *(m.span() for p in (ASSIGNED_SECRET, _INTRODUCED_SECRET, _WORD) for m in p.finditer(text)),
+        *known_secret_spans(text),
+    ]
     moved = True
     while moved:  # moving back out of one match may land inside another
         moved = False
-        for pattern in (ASSIGNED_SECRET, _INTRODUCED_SECRET, _WORD):
-            for m in pattern.finditer(text):
-                if m.start() < cut < m.end():
-                    cut, moved = m.start(), True
+        for start, stop in spans:
+            if start < cut < stop:
+                cut, moved = start, True
     if len(text) - cut > _MAX_HELD:  # one enormous "word": publish all but a long tail
         cut = len(text) - _MAX_HELD // 2
     return cut
