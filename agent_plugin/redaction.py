@@ -501,13 +501,13 @@ class RedactingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a broken format string: keep the template, drop the arguments
             message = str(record.msg) if isinstance(record.msg, str) else "<unformattable>"
-        record.msg, record.args = _text(message), ()
+        record.msg, record.args = redact_message(message), ()
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:
-            record.exc_text = _text(record.exc_text)
+            record.exc_text = redact_message(record.exc_text)
         if record.stack_info:
-            record.stack_info = _text(record.stack_info)
+            record.stack_info = redact_message(record.stack_info)
         for name, field in list(record.__dict__.items()):
             if name not in _RECORD_FIELDS and isinstance(field, str | list | dict):
                 record.__dict__[name] = redact_deep(field)
@@ -521,9 +521,6 @@ def redact_message(text: str) -> str:
     only :func:`redact_text`'s patterns."""
     cleaned = redact_deep(text)
     return cleaned if isinstance(cleaned, str) else text
-
-
-_text = redact_message
 
 
 def redact_logs(*targets: logging.Logger | logging.Handler | str) -> None:

@@ -418,7 +418,7 @@ class RunTelemetry:
             "agent_plugin.approval.tools": waiting,
         }
         if isinstance(outcome, Paused):
-            attributes["agent_plugin.approval.reason"] = _cleaned(outcome.reason)
+            attributes["agent_plugin.approval.reason"] = redact_message(outcome.reason)
         with self.instruments.tracer.start_as_current_span("await_approval", attributes=attributes):
             pass
 
@@ -614,7 +614,7 @@ class RunTelemetry:
                 span.set_status(trace.StatusCode.ERROR)
                 instruments.tool_errors.add(1, {"gen_ai.tool.name": call.name})
             if self.telemetry.record_content:
-                span.set_attribute("gen_ai.tool.call.result", _cleaned(output.content))
+                span.set_attribute("gen_ai.tool.call.result", redact_message(output.content))
             instruments.tool_duration.record(time.perf_counter() - started, labels)
             return output
 
@@ -682,14 +682,6 @@ def _links(carrier: Mapping[str, str] | None) -> list[Any]:
     return [trace.Link(span_context, {"agent_plugin.link": "paused_run"})]
 
 
-def _cleaned(text: str) -> str:
-    """``text`` as :func:`~agent_plugin.redaction.redact_message` cleans it: spans leave the
-    process like events do, so they get the same rules (JSON held in the string,
-    ``password: ...`` assignments), not only the credential patterns of ``redact_text``, which
-    let a tool's ``{"password": ...}`` result or a ``password: ...`` error through."""
-    return redact_message(text)
-
-
 def _failed(span: Span, error: BaseException) -> str:
     """Mark ``span`` failed by ``error``; answers its ``error.type``."""
     from opentelemetry import trace
@@ -697,7 +689,7 @@ def _failed(span: Span, error: BaseException) -> str:
     kind = error.kind.value if isinstance(error, AgentError) else type(error).__name__
     span.set_attribute("error.type", kind)
     message = error.message if isinstance(error, AgentError) else str(error)
-    span.set_status(trace.StatusCode.ERROR, _cleaned(message)[:500])
+    span.set_status(trace.StatusCode.ERROR, redact_message(message)[:500])
     return kind
 
 

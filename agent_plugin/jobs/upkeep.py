@@ -90,12 +90,11 @@ class Upkeep:
         job timeout, 30 minutes by default); a running delivery cuts it to the lease as it
         starts the run (with its first look at the run's control channel, or at its first
         renewal, a third of a lease in) and renews it. A worker killed between the two leaves
-        a claim nobody renews, and the
-        run would wait out the whole timeout. Such a claim is the only one to outlive twice
-        the lease: cutting it to the lease frees the job for another worker within the lease,
-        and a delivery just starting renews it anyway. Only due jobs of this queue that call
-        ``agent_run`` or ``agent_resume`` are touched (the oldest 1000; claimed jobs are due
-        and sit near the front).
+        a claim nobody renews, and the run would wait out the whole timeout. Such a claim is
+        the only one to outlive twice the lease: cutting it to the lease frees the job for
+        another worker within the lease, and a delivery just starting renews it anyway. Only
+        due jobs of this queue that call ``agent_run`` or ``agent_resume`` are touched (the
+        oldest 1000; claimed jobs are due and sit near the front).
         """
         lease = ms(self.options.lease)
         ids = await self.redis.zrangebyscore(

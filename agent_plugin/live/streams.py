@@ -39,14 +39,25 @@ def stream_key(run_id: str, prefix: str = DEFAULT_PREFIX) -> str:
 _EVENT_ID: Final = re.compile(r"^(\d{1,20})(?:-(\d{1,20}))?$")
 
 
+_MAX_ID_PART: Final = 2**64 - 1
+"""The largest part of a stream entry id (each is an unsigned 64-bit number)."""
+
+
 def parse_event_id(text: str | None) -> str | None:
-    """A stream entry id (``<ms>-<seq>``) from a ``Last-Event-ID``, or None if it is not one."""
+    """A stream entry id (``<ms>-<seq>``) from a ``Last-Event-ID``, or None if it is not one.
+
+    A part past what Redis holds (20 digits may be) is the largest id there is, which is the
+    same place, after every entry: Redis would refuse it, and the reader would get an
+    outage's error for an id that is only late."""
     if text is None:
         return None
     m = _EVENT_ID.match(text.strip())
     if m is None:
         return None
-    return f"{int(m.group(1))}-{int(m.group(2) or 0)}"
+    ms, seq = int(m.group(1)), int(m.group(2) or 0)
+    if ms > _MAX_ID_PART:
+        return f"{_MAX_ID_PART}-{_MAX_ID_PART}"
+    return f"{ms}-{min(seq, _MAX_ID_PART)}"
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:

@@ -443,9 +443,9 @@ class HttpTransport:
     def _scrub(self, text: str) -> str:
         """``text`` without the transport's secrets (the key, the Basic token of the URL's
         password) and the known ones."""
-        for secret in self._secrets:
+        for secret in self._secrets or (None,):
             text = scrub(text, secret)
-        return text if self._secrets else scrub(text, None)
+        return text
 
     def _status_error(self, status: int, body: str, headers: Mapping[str, str]) -> AgentError:
         """The error for a non-2xx answer: "<provider> answered <status>: <≤500 chars of body>",

@@ -105,24 +105,6 @@ EVENT_ID_PATTERN: Final = r"^\s*([0-9]{1,20}(-[0-9]{1,20})?)?\s*$"
 """An event id as the stream gives it (``<ms>-<seq>``), as ``Last-Event-ID`` sends it back;
 empty for none."""
 
-_MAX_ID_PART: Final = 2**64 - 1
-"""The largest part of a Redis stream entry id (each is an unsigned 64-bit number)."""
-
-
-def _within_redis(entry_id: str | None) -> str | None:
-    """``entry_id`` with each part at most :data:`_MAX_ID_PART`: the schema lets 20 digits
-    through, and Redis refused a part past 2**64 - 1, which reached the client as an
-    ``unavailable`` error event, an outage, for what was only an id after every entry."""
-    if entry_id is None:
-        return None
-    ms, _, seq = entry_id.partition("-")
-    if int(ms) <= _MAX_ID_PART and int(seq or 0) <= _MAX_ID_PART:
-        return entry_id
-    if int(ms) > _MAX_ID_PART:
-        return f"{_MAX_ID_PART}-{_MAX_ID_PART}"
-    return f"{ms}-{_MAX_ID_PART}"
-
-
 RunIdPath = Annotated[
     str, Path(pattern=RUN_ID_PATTERN, description="The run's id, as enqueueing answered it")
 ]
@@ -462,7 +444,7 @@ def _add_live_routes(router: APIRouter, *, console: bool, prefix: str) -> None:
         after: Annotated[str, Query(alias="last_event_id", pattern=EVENT_ID_PATTERN)] = "",
         follow: bool = False,
     ) -> Response:
-        last = _within_redis(parse_event_id(last_event_id or after or None))
+        last = parse_event_id(last_event_id or after or None)
         events = await agent.jobs.events(run_id, last_event_id=last, follow=follow)
         if events is None:
             return Response(status_code=204)
