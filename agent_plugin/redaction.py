@@ -421,35 +421,83 @@ def _walk(value: object, *, json_in_strings: bool) -> JsonValue:
     return result
 
 
-def needs_no_redaction(document: str) -> bool:
-    """Whether :func:`redact_deep` certainly leaves every value of the JSON ``document``
-    as it is, so the document may be published as written; False means "clean it".
+def needs_no_redaction(*documents: str) -> bool:
+    """Whether :func:`redact_deep` certainly leaves every value of each JSON document
+    (``documents``, one or more) as it is, so each may be published as written; False means
+    "clean them" (one by one: asking of them together costs one look, not one each).
 
-    A cheap look at the whole text, never a parse: a document with a backslash (an escaped
-    string: JSON inside a string, a quote, a control character) or deeply nested is always
-    cleaned. Otherwise every key and string stands in the text as it is, so each rule of the
-    walk can be asked of the whole text at once, more strictly than of one string: a known
-    secret anywhere, a credential pattern or a ``name: value`` assignment anywhere, or a key
-    whose name ends like a secret's, all mean "clean it".
+    A cheap look at the text, never a parse. Escapes of one character (``\\"``, ``\\n``, ...:
+    a quote in a string, JSON held in a string such as a tool's result) are undone first, so
+    that every key and string (and what JSON held in a string holds) stands in the text as it
+    reads; a document with any other escape (``\\u``, or an escaped backslash: JSON held in
+    JSON held in a string) or nested deeply is always cleaned. Each rule of the walk is then
+    asked of the whole text at once, more strictly than of one string: a known secret
+    anywhere, a credential pattern or a ``name: value`` assignment anywhere, or a key whose
+    name ends like a secret's, all mean "clean it".
     """
-    if "\\" in document or document.count("{") + document.count("[") >= MAX_DEPTH:
+    texts: list[str] = []
+    for document in documents:
+        if document.count("{") + document.count("[") >= MAX_DEPTH:
+            return False
+        if "\\" in document:
+            unescaped = _unescaped(document)
+            if unescaped is None:
+                return False
+            document = unescaped
+        texts.append(document)
+    text = _APART.join(texts)
+    if _KNOWN.found_in(text):
         return False
-    if _KNOWN.found_in(document):
+    if _may_hold_pattern(text) and _SECRET_PATTERN.search(text):
         return False
-    if _may_hold_pattern(document) and _SECRET_PATTERN.search(document):
-        return False
-    folded = _folded(document)  # every letter the rules match ignoring case is ASCII now
-    if _ASSIGNMENT.search(folded):
+    folded = _folded(text)  # every letter the rules match ignoring case is ASCII now
+    if any(assignment.search(folded) for assignment in _ASSIGNMENTS):
         return False
     names = folded.replace("-", "").replace("_", "")
     return all(end not in names for end in _SECRET_NAME_ENDS)
 
 
-_ASSIGNMENT: Final = re.compile(
-    r"(?:passw(?:or)?d|secret|token|api[_-]?key|private[_-]?key|authorization)[\"']?\s*[:=]"
+_ONE_CHARACTER_ESCAPES: Final = (
+    ('\\"', '"'),
+    ("\\n", "\n"),
+    ("\\r", "\r"),
+    ("\\t", "\t"),
+    ("\\b", "\b"),
+    ("\\f", "\f"),
+    ("\\/", "/"),
 )
-"""What every match of :data:`ASSIGNED_SECRET` holds, in case-folded text: found much faster,
-with no open-ended start to try at every word."""
+_APART: Final = "\x1f"
+"""What keeps documents apart in one look: a control character, which JSON text holds only
+escaped (a match across two documents only sends them the slow way)."""
+
+
+def _unescaped(document: str) -> str | None:
+    """``document`` with its escapes of one character undone, or ``None`` if it holds any
+    other (a ``\\u`` escape, or an escaped backslash, after which one level of undoing no
+    longer shows a string as it reads)."""
+    if "\\\\" in document or "\\u" in document:
+        return None
+    for escape, character in _ONE_CHARACTER_ESCAPES:
+        if escape in document:
+            document = document.replace(escape, character)
+    return None if "\\" in document else document
+
+
+_ASSIGNMENTS: Final = tuple(
+    re.compile(name + r"[\"']?\s*[:=]")
+    for name in (
+        r"passw(?:or)?d",
+        "secret",
+        "token",
+        r"api[_-]?key",
+        r"private[_-]?key",
+        "authorization",
+    )
+)
+"""What every match of :data:`ASSIGNED_SECRET` holds, in case-folded text, one pattern per
+name: found much faster, with no open-ended start to try at every word, and each pattern
+starts with a fixed letter the regex engine looks for alone (one pattern of alternatives is
+tried at every letter of the text)."""
 _SECRET_NAME_ENDS: Final = tuple(f'{name}"' for name in (*_SECRET_SUFFIXES, *_SECRET_KEYS))
 """How the name of a secret field ends in a document, normalised: followed by its quote."""
 

@@ -56,6 +56,7 @@ from agent_plugin.live import (
     open_events,
     parse_event_id,
     public_json,
+    public_jsons,
     public_payload,
     read_events,
     stream_key,
@@ -555,6 +556,22 @@ def test_public_json_is_the_public_payload_as_text() -> None:
         TextDeltaEvent(run_id="r", text=f"key {CANARY_KEY} and a lone \ud800 surrogate"[:40]),
     ]:
         assert json.loads(public_json(event)) == public_payload(event)
+
+
+def test_a_turn_is_written_as_each_event_alone_would_be() -> None:
+    """One look at a whole turn decides what goes out as written; an event with something
+    to redact is cleaned by itself and the rest of the turn still goes out as written."""
+    clean = [
+        *script_events("r"),
+        ToolFinished(run_id="r", call_id="c", name="n", content='{"ok":true,"n":[1,2]}'),
+    ]
+    dirty = ToolFinished(run_id="r", call_id="d", name="n", content='{"password":"hunter2-x"}')
+    for turn in (clean, [*clean, dirty], [dirty]):
+        written = public_jsons(turn)
+        assert written == [public_json(event) for event in turn]
+        assert "hunter2" not in "".join(written)
+    assert public_jsons(clean) == [event.model_dump_json() for event in clean]
+    assert public_jsons([]) == []
 
 
 async def test_an_unreachable_redis_loses_events_but_never_the_run() -> None:

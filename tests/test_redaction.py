@@ -337,6 +337,20 @@ def test_a_document_let_through_as_written_is_one_redaction_leaves_alone(value: 
                 assert redact_deep(parsed) == parsed, document
 
 
+@given(st.lists(_risky_json, min_size=1, max_size=4))
+@settings(max_examples=200)
+def test_documents_let_through_together_are_each_one_redaction_leaves_alone(
+    values: list[JsonValue],
+) -> None:
+    documents = [json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in values]
+    with registered_secrets(_REGISTERED):
+        if needs_no_redaction(*documents):
+            for document in documents:
+                parsed = json.loads(document)
+                assert redact_deep(parsed) == parsed, document
+                assert needs_no_redaction(document)
+
+
 def test_a_dotted_capital_i_is_an_i_for_the_assignment_rules() -> None:
     # "İ".casefold() is "i" and a combining dot; the rules, ignoring case, take "İ" for "i"
     assert redact_deep("config: prİvate_key=abc123") == f"config: prİvate_key={REDACTED}"
@@ -348,8 +362,13 @@ def test_ordinary_documents_go_out_as_written_and_the_rest_are_cleaned() -> None
     usage = '{"type":"model_response","usage":{"input_tokens":3,"max_tokens":9},"text":"Hi: 4"}'
     assert needs_no_redaction(usage)
     assert needs_no_redaction('{"url":"https://example.com/a?b=1","n":[1,2,{"x":null}]}')
+    assert needs_no_redaction('{"content":"{\\"ok\\":true}"}')  # a tool's JSON, in a string
+    assert needs_no_redaction('{"text":"line one\\nline \\"two\\"\\t/ three"}')
     for risky in [
-        '{"content":"{\\"ok\\":true}"}',  # escaped: JSON in a string
+        '{"content":"{\\"password\\":\\"hunter2\\"}"}',  # a secret field in JSON in a string
+        '{"content":"{\\"note\\":\\"token\\\\u003dabc\\"}"}',  # JSON in JSON in a string
+        '{"note":"pass\\u0077ord: hunter2"}',  # a letter written as an escape
+        '{"note":"password\\n: hunter2"}',  # an escaped newline is whitespace
         '{"Password":null}',
         '{"x_api_key":1}',
         f'{{"note":"use {OPENAI_KEY}"}}',

@@ -6,7 +6,7 @@ package's helpers for runs that never leave the process too."""
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from agent_plugin.live.public import DeltaGuard, public_json, public_payload
+from agent_plugin.live.public import DeltaGuard, public_json, public_jsons, public_payload
 from agent_plugin.live.publishing import EventPublisher, RunEventStream, StreamWriter
 from agent_plugin.live.streams import (
     DEFAULT_PREFIX,
@@ -43,6 +43,7 @@ __all__ = [
     "open_events",
     "parse_event_id",
     "public_json",
+    "public_jsons",
     "public_payload",
     "read_events",
     "stream_key",

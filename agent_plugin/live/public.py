@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from typing import Final
 
 from pydantic import JsonValue
@@ -21,7 +22,7 @@ from agent_plugin.redaction import (
     redact_deep,
 )
 
-__all__ = ["DeltaGuard", "public_json", "public_payload"]
+__all__ = ["DeltaGuard", "public_json", "public_jsons", "public_payload"]
 
 Delta = TextDeltaEvent | ThinkingDeltaEvent
 
@@ -48,12 +49,37 @@ def public_json(event: AgentEvent) -> str:
     rest are cleaned value by value. A string that is not valid Unicode (a lone surrogate)
     is written escaped, so the text always encodes as UTF-8.
     """
-    try:
-        written = event.model_dump_json()
-    except ValueError:  # a string pydantic cannot write (a lone surrogate): the slow way
-        written = None
+    written = _written(event)
     if written is not None and needs_no_redaction(written):
         return written
+    return _cleaned(event)
+
+
+def public_jsons(events: Sequence[AgentEvent]) -> list[str]:
+    """:func:`public_json` of each of ``events``, in order, with one look at all of them for
+    what needs cleaning (a writer's turn: most turns hold nothing to redact)."""
+    written = [_written(event) for event in events]
+    if needs_no_redaction(*(text for text in written if text is not None)):
+        return [
+            text if text is not None else _cleaned(event)
+            for event, text in zip(events, written, strict=True)
+        ]
+    return [
+        text if text is not None and needs_no_redaction(text) else _cleaned(event)
+        for event, text in zip(events, written, strict=True)
+    ]
+
+
+def _written(event: AgentEvent) -> str | None:
+    """``event`` as pydantic writes it, or ``None`` when it cannot (a lone surrogate)."""
+    try:
+        return event.model_dump_json()
+    except ValueError:
+        return None
+
+
+def _cleaned(event: AgentEvent) -> str:
+    """The slow way: :func:`public_payload`, encoded."""
     cleaned = public_payload(event)
     try:
         return to_json(cleaned, inf_nan_mode="null").decode()

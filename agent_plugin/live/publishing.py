@@ -1,7 +1,7 @@
 """Publishing a run's events to its Redis Stream: :class:`RunEventStream` (one run's stream),
 :class:`EventPublisher` (the run's non-blocking sink) and :class:`StreamWriter` (one task that
 writes the streams of many runs, a worker's, in one round trip per turn). Every event is
-published redacted (:func:`~agent_plugin.live.public.public_json`)."""
+published redacted (:func:`~agent_plugin.live.public.public_jsons`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Final
 from agent_plugin.cancellation import stop_task
 from agent_plugin.errors import AgentError
 from agent_plugin.events import AgentEvent, RunEnded, TextDeltaEvent, ThinkingDeltaEvent
-from agent_plugin.live.public import DeltaGuard, public_json
+from agent_plugin.live.public import DeltaGuard, public_jsons
 from agent_plugin.live.streams import DEFAULT_PREFIX, PAUSES, stream_key
 
 if TYPE_CHECKING:
@@ -139,13 +139,13 @@ class RunEventStream:
         """What the script adds to this stream for ``events``: redacted JSON each; a
         ``run_start`` removes a pending expiry (a resumed run), a ``run_end`` sets one."""
         fields = [str(self.maxlen)]
-        for event in events:
+        for event, written in zip(events, public_jsons(events), strict=True):
             also = ""
             if event.type == "run_start":
                 also = "p"
             elif isinstance(event, RunEnded):
                 also = str(self.ttl_after_pause if _is_pause(event) else self.ttl_after_end)
-            fields += (event.type, public_json(event), also)
+            fields += (event.type, written, also)
         return _SEPARATOR.join(fields)
 
     def publisher(
@@ -263,7 +263,7 @@ class StreamWriter:
         for i, (publisher, events) in enumerate(turn):
             try:
                 pending[i] = (publisher.stream.key, publisher.stream.packed(events).encode())
-            except Exception as error:  # (public_json never raises; an event type might)
+            except Exception as error:  # (public_jsons never raises; an event type might)
                 outcome[i] = error
         for delay in (*self.retry_delays, None):
             if not pending:
