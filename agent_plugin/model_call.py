@@ -11,6 +11,7 @@ spending windows, it goes through the run's :class:`~agent_plugin.spend.RunSpend
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,8 @@ class Interrupted(Exception):
 
 
 Refold = Callable[[], Awaitable[list[ChatMessage] | None]]
-"""Fold the run's history and return the messages to send instead (``None``: it cannot)."""
+"""Fold the run's history and return the messages to send instead (``None``: it cannot): a
+bound method of the run (see :attr:`ModelCaller.refold`)."""
 
 
 class ModelCaller:
@@ -92,7 +94,11 @@ class ModelCaller:
         self.deadline = deadline
         self.cancel = cancel
         self.steering = steering
-        self.refold = refold
+        self.refold = weakref.WeakMethod(refold)
+        """The run's way to fold its history after an overflow, held weakly: the run holds its
+        caller, and a caller holding the run back would make every run a reference cycle,
+        which only the cyclic garbage collector frees (in a busy worker, by full collections
+        of the whole heap) instead of reference counting, as the run ends."""
         self.pacer = pacer
         finals = output.tool_names() if output is not None else frozenset()
         self.spend: RunSpend | None = spend_of_run(
@@ -149,7 +155,8 @@ class ModelCaller:
                     retries.failed(error)
                 if folded or error.kind is not ErrorKind.CONTEXT_TOO_LONG:
                     raise
-                messages = await self.refold()
+                refold = self.refold()
+                messages = None if refold is None else await refold()
                 if messages is None:
                     raise
                 folded = True

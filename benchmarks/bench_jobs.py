@@ -528,7 +528,7 @@ def make_plugin(
         options["events"] = events
     return AgentPlugin(
         tools=[NOOP_TOOL],
-        model=ScriptedModel(default=scripted_reply),
+        model=ScriptedModel(default=scripted_reply, keep_requests=0),  # (a real client keeps none)
         jobs=JobOptions(**options),
         environ={
             "AGENT_PROVIDER": "scripted",
@@ -898,7 +898,7 @@ async def checkpoints_on(url: str, repeats: int) -> dict[str, Any]:
         store = SqlRunStore(database)
         sql = SqlCounter()
         sql.attach(database)
-        model = ScriptedModel(default=scripted_reply)
+        model = ScriptedModel(default=scripted_reply, keep_requests=0)
         samples: dict[tuple[str, str, int], list[float]] = defaultdict(list)
         statements: dict[tuple[str, int], int] = {}
         for steps in (1, 10):

@@ -672,3 +672,36 @@ async def test_runs_with_the_same_system_prompt_share_one_message() -> None:
     assert fourth is not first
     assert "likes tea" in fourth.text
     assert "likes tea" not in first.text
+
+
+async def test_a_run_leaves_no_reference_cycle_behind() -> None:
+    # everything a run builds is freed by reference counting as it ends: a cycle (the run's
+    # model caller holding the run, say) leaves the whole run to the cyclic collector, and in
+    # a busy worker, whose runs outlive young collections, to full collections of the heap
+    import gc
+
+    from agent_plugin.journal import InMemoryJournal
+
+    @tool
+    async def lookup(city: str) -> str:
+        """Look a city up."""
+        return f"{city}: sunny"
+
+    events: list[object] = []
+    model = ScriptedModel(keep_requests=0)
+    agent = Agent(model, tools=[lookup], system_prompt="Be brief.")
+    model.script.extend([tool_call("lookup", {"city": "Bergen"}), "Rain."])
+    await agent.run("Weather in Bergen?")  # the first run imports what runs need
+    for stream in (False, True):
+        model.script.extend([tool_call("lookup", {"city": "Oslo"}), "It is sunny."])
+        options = RunOptions(journal=InMemoryJournal(), on_event=events.append, stream=stream)
+        gc.collect()
+        gc.disable()
+        try:
+            turn = await agent.run("Weather in Oslo?", options=options)
+            del options
+            found = gc.collect()
+        finally:
+            gc.enable()
+        assert isinstance(turn.outcome, Completed)
+        assert found == 0, f"a run (stream={stream}) left {found} objects in reference cycles"

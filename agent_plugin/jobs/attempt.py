@@ -201,6 +201,10 @@ class Attempt:
             finally:
                 if self.publisher is not None:  # what the run published goes out first
                     await self.publisher.aclose()
+                # each holds this delivery back (a callback): let go of them, or every run
+                # is a reference cycle, left to the cyclic garbage collector (full
+                # collections, in a busy worker) instead of freed as the delivery ends
+                self.keeper = self.journal = self.live = None
 
     async def _run(self) -> Verdict:
         keeper = self.keeper = Keeper(
