@@ -8,6 +8,7 @@ statements and transactions of the worker's database while one job is delivered.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -154,3 +155,41 @@ async def test_a_write_tried_again_after_a_commit_it_did_not_hear_of_is_written_
         await journal.record(second)
         assert await store.journal_entries(run_id) == [first, second]
         assert journal.transactions == 2
+
+
+async def test_a_run_in_a_session_writes_its_final_reply_before_saving_its_turn(
+    env: JobsEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run in a session saves its turn before its end is recorded. A delivery that stops in
+    between (here: the worker shuts down as the end is written) leaves a session that holds
+    the turn; its final reply, written before the save, tells the next delivery that the turn
+    was its own, and that delivery ends the run instead of failing it as ``conflict``."""
+    from agent_plugin.storage import SqlRunStore
+
+    finish = SqlRunStore.finish
+    stops = [True]
+
+    async def stopping(self: SqlRunStore, *args: Any, **kwargs: Any) -> Any:
+        if stops and stops.pop():
+            raise asyncio.CancelledError  # the worker shuts down: arq runs the job again
+        return await finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(SqlRunStore, "finish", stopping)
+    async with delivering(env) as here:
+        prompt = json.dumps({"tag": "s", "rounds": [[["effect", "once"]]]})
+        run_id = (await here.agent.enqueue(prompt, session="s-final")).run_id
+        database = here.runtime.database
+        assert database is not None
+        with counting(database) as counted, pytest.raises(asyncio.CancelledError):
+            await agent_run(here.job_ctx(run_id), run_id)
+        # start, reply, round, the final reply, the session's turn, and the run put back
+        assert counted.transactions >= 5, "\n".join(counted.log)
+        with contextlib.suppress(Retry):
+            await agent_run(here.job_ctx(run_id), run_id)
+        record = await here.jobs.get(run_id)
+        assert record.status is RunStatus.COMPLETE, record
+        assert record.outcome is not None
+        assert record.outcome.text == "done after 1 rounds"
+        session = await here.runtime.session_store.load("s-final")
+        texts = [m.text for m in session.messages]
+        assert texts.count("done after 1 rounds") == 1, texts  # the turn saved once

@@ -777,6 +777,7 @@ class Attempt:
             lease=self.options.lease,
             progress=self.progress,
             persist=self._persist,
+            session=args.overrides.session is not None,
         )
         options = RunOptions(
             run_id=self.run_id,

@@ -2,11 +2,13 @@
 into the fewest transactions that keep its guarantees.
 
 A model reply with tool calls is written before its calls run, a round's tool message (and any
-steering that joined) before the next model call; the rest rides on those writes or on the
-record of the run's end. Each transaction is one ``UPDATE agent_runs`` (lease and progress,
-fenced by the attempt) and one ``INSERT`` of checkpoints whose seqs the journal numbers itself,
-so a write tried again after a commit it never heard about counts once. The story, with the
-counts per run: ``docs/guide/background-runs.md#checkpoints``."""
+steering that joined) before the next model call, and (for a run that saves its turn to a
+session, which it does before its end is recorded) its final reply before that save; the rest
+rides on those writes or on the record of the run's end. Each transaction is one
+``UPDATE agent_runs`` (lease and progress, fenced by the attempt) and one ``INSERT`` of
+checkpoints whose seqs the journal numbers itself, so a write tried again after a commit it
+never heard about counts once. The story, with the counts per run:
+``docs/guide/background-runs.md#checkpoints``."""
 
 from __future__ import annotations
 
@@ -37,10 +39,11 @@ _GATHER_TURNS: Final = 10
 """Turns of the event loop a finished call's result waits for more to join its write."""
 
 
-def _durable_now(entry: JournalEntry) -> bool:
-    """Whether the run must not go on before ``entry`` is written."""
+def _durable_now(entry: JournalEntry, *, final_reply: bool) -> bool:
+    """Whether the run must not go on before ``entry`` is written (``final_reply``: a reply
+    without tool calls too)."""
     return isinstance(entry, RoundDone | Appended) or (
-        isinstance(entry, Replied) and bool(entry.pending)
+        isinstance(entry, Replied) and (final_reply or bool(entry.pending))
     )
 
 
@@ -70,7 +73,11 @@ class LeasedRunJournal:
     ``lease`` seconds and writing the ``progress`` the rule gives.
 
     ``after_seq``: the seq of the run's latest checkpoint (0 for none). ``persist`` makes
-    each write (default: once). :meth:`close` writes what is left before the run's end.
+    each write (default: once). ``session``: the run saves its turn to a session before its
+    end is recorded, so its final reply is written before it goes on (a delivery that failed
+    between the save and the end would otherwise leave its retry a session that holds the turn
+    and a journal that does not, and the retry could not tell the turn was its own).
+    :meth:`close` writes what is left before the run's end.
     """
 
     def __init__(
@@ -83,6 +90,7 @@ class LeasedRunJournal:
         lease: float,
         progress: ProgressRule | None = None,
         persist: Persist | None = None,
+        session: bool = False,
     ) -> None:
         self.database = database
         self.run_id = run_id
@@ -91,6 +99,7 @@ class LeasedRunJournal:
         self.lease = lease
         self.progress = progress
         self.persist = persist or _once
+        self.session = session
         self.renewed_at = float("-inf")
         """When (``time.monotonic()``) a write last renewed the lease."""
         self.transactions = 0
@@ -114,7 +123,7 @@ class LeasedRunJournal:
             if progress is not None:
                 self._progress = progress
         self._pending.append(entry)
-        if _durable_now(entry):
+        if _durable_now(entry, final_reply=self.session):
             await self.flush()
         elif isinstance(entry, ToolDone) and (self._soon is None or self._soon.done()):
             self._soon = asyncio.create_task(self._flush_soon(), name=f"journal {self.run_id}")

@@ -589,14 +589,16 @@ class SqlRunStore(PausedRuns):
         lease: float,
         progress: ProgressRule | None = None,
         persist: Persist | None = None,
+        session: bool = False,
     ) -> LeasedRunJournal:
         """The journal of the delivery that started ``attempt`` of the run: its checkpoints in
         as few transactions as keep them safe, each renewing its lease by ``lease`` seconds
         and writing the progress ``progress`` gives (see
         :mod:`agent_plugin.storage.leased_journal`). ``after_seq``: the seq of the run's
         latest checkpoint (:meth:`checkpoints`; 0 for a run never started before);
-        ``persist`` makes each write (a worker's tries it through a database outage). Call
-        its ``close()`` before recording the run's end."""
+        ``persist`` makes each write (a worker's tries it through a database outage);
+        ``session``: the run saves its turn to a session (its final reply is written before
+        that). Call its ``close()`` before recording the run's end."""
         return LeasedRunJournal(
             self.database,
             run_id,
@@ -605,6 +607,7 @@ class SqlRunStore(PausedRuns):
             lease=lease,
             progress=progress,
             persist=persist,
+            session=session,
         )
 
     async def journal_entries(self, run_id: str) -> list[JournalEntry]:
