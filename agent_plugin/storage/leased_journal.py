@@ -99,7 +99,7 @@ class LeasedRunJournal:
         self.lease = lease
         self.progress = progress
         self.persist = persist or _once
-        self.session = session
+        self._final_reply = session  # (a session run: its final reply is written at once)
         self.renewed_at = float("-inf")
         """When (``time.monotonic()``) a write last renewed the lease."""
         self.transactions = 0
@@ -123,7 +123,7 @@ class LeasedRunJournal:
             if progress is not None:
                 self._progress = progress
         self._pending.append(entry)
-        if _durable_now(entry, final_reply=self.session):
+        if _durable_now(entry, final_reply=self._final_reply):
             await self.flush()
         elif isinstance(entry, ToolDone) and (self._soon is None or self._soon.done()):
             self._soon = asyncio.create_task(self._flush_soon(), name=f"journal {self.run_id}")
